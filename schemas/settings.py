@@ -1,0 +1,91 @@
+"""The one settings model (environment prefix ``MINT_``), shared by every layer.
+
+It lives in ``schemas/`` so that ``streams``, ``catalog`` and ``workers`` can read it without
+importing upward. Every value has a default that works on a developer machine with the local
+launcher (``mint dev up``); production sets the ``MINT_*`` variables.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class MintSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MINT_", extra="ignore", frozen=True)
+
+    # Kafka. Setting MINT_KAFKA_BOOTSTRAP names an external cluster: the launcher starts nothing.
+    kafka_bootstrap: str = Field("127.0.0.1:19092", description="host:port[,host:port…]")
+    kafka_controller_port: int = Field(19093, description="local KRaft controller port")
+    topic_prefix: str = Field("mint", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    topic_partitions: int = Field(3, ge=1, le=1024)
+    topic_replication: int = Field(1, ge=1, le=7)
+
+    # Cassandra. Setting MINT_CASSANDRA_HOSTS names an external cluster.
+    cassandra_hosts: str = Field("127.0.0.1", description="comma-separated contact points")
+    cassandra_port: int = Field(19042, ge=1, le=65535)
+    cassandra_storage_port: int = Field(17000, ge=1, le=65535)
+    keyspace: str = Field("mint", pattern=r"^[a-z][a-z0-9_]{0,47}$")
+    keyspace_replication: str = Field(
+        "{'class': 'SimpleStrategy', 'replication_factor': 1}",
+        description="CQL replication map; clusters use NetworkTopologyStrategy",
+    )
+
+    # Files.
+    state_dir: Path = Field(PROJECT_ROOT / ".mint", description="local service data, logs, pids")
+    store_uri: str = Field("", description="adapter store root (file path; s3:// later)")
+    models_dir: Path = Field(PROJECT_ROOT / ".mint" / "models", description="tiny/test models")
+    base_model: str = Field("", description="path or id of the base model to serve and train")
+
+    # Local launcher.
+    kafka_jars: Path | None = Field(None, description="folder of Kafka 4.4 jars")
+    cassandra_jars: Path | None = Field(None, description="folder of Cassandra 5.0 jars")
+    kafka_heap_mb: int = Field(512, ge=128, le=512)
+    cassandra_heap_mb: int = Field(1024, ge=512, le=1024)
+    startup_timeout_s: float = Field(120.0, gt=0)
+
+    log_level: str = Field("INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
+    log_format: str = Field("json", pattern=r"^(json|console)$")
+
+    @field_validator("kafka_bootstrap")
+    @classmethod
+    def _bootstrap_has_ports(cls, v: str) -> str:
+        for part in v.split(","):
+            host, _, port = part.strip().rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(
+                    f"MINT_KAFKA_BOOTSTRAP entry {part!r} is not host:port (e.g. 127.0.0.1:19092)"
+                )
+        return v
+
+    @property
+    def cassandra_contact_points(self) -> list[str]:
+        return [h.strip() for h in self.cassandra_hosts.split(",") if h.strip()]
+
+    @property
+    def kafka_external(self) -> bool:
+        """True when the user named a Kafka cluster, so nothing local is started."""
+        return "kafka_bootstrap" in self.model_fields_set
+
+    @property
+    def cassandra_external(self) -> bool:
+        return "cassandra_hosts" in self.model_fields_set
+
+    @property
+    def adapter_store_root(self) -> Path:
+        return Path(self.store_uri) if self.store_uri else self.state_dir / "store"
+
+    def topic(self, name: str) -> str:
+        """Full topic name for a registry name such as ``rollout.requests``."""
+        return f"{self.topic_prefix}.{name}"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> MintSettings:
+    """Process-wide settings read once from the environment."""
+    return MintSettings()

@@ -1,0 +1,1 @@
+"""Long-running consumer-group workers: trainer, rollout/serving, evaluator, controller, projector."""
