@@ -96,5 +96,16 @@ def demo(keep_services: bool) -> None:
     sys.exit(run_demo(get_settings(), console, keep_services=keep_services))
 
 
+def _register_commands() -> None:
+    # Each area owns one module under mint/commands/ and lists its commands there.
+    from mint.commands import catalog, models, streams, workers
+
+    for module in (streams, catalog, models, workers):
+        for command in module.COMMANDS:
+            main.add_command(command)
+
+
+_register_commands()
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,1 @@
+"""Command groups of the ``mint`` CLI, one module per area, registered in ``mint.cli``."""

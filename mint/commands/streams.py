@@ -1,0 +1,7 @@
+"""`mint replay`, `mint tail`, `mint topics`: operator tools over the event log."""
+
+from __future__ import annotations
+
+import click
+
+COMMANDS: list[click.Command] = []
