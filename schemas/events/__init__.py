@@ -1,0 +1,33 @@
+"""Payload models, one module per lifecycle stage."""
+
+from schemas.events.dead_letter import DeadLetter
+from schemas.events.evaluation import EvalCompleted, EvalRequested, Threshold, threshold_failures
+from schemas.events.export import ExportCompleted
+from schemas.events.inference import InferCompleted, InferRequested
+from schemas.events.load import AdapterEvicted, AdapterLoaded, LoadFailed, LoadRequested
+from schemas.events.rollout import RolloutCompleted, RolloutRequested
+from schemas.events.serving import AliasMoved, PromoteCommand, RollbackCommand
+from schemas.events.update import LoraSpec, UpdateCompleted, UpdateRequested
+
+__all__ = [
+    "AdapterEvicted",
+    "AdapterLoaded",
+    "AliasMoved",
+    "DeadLetter",
+    "EvalCompleted",
+    "EvalRequested",
+    "ExportCompleted",
+    "InferCompleted",
+    "InferRequested",
+    "LoadFailed",
+    "LoadRequested",
+    "LoraSpec",
+    "PromoteCommand",
+    "RollbackCommand",
+    "RolloutCompleted",
+    "RolloutRequested",
+    "Threshold",
+    "UpdateCompleted",
+    "UpdateRequested",
+    "threshold_failures",
+]

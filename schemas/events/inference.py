@@ -1,0 +1,41 @@
+"""Inference: downstream requests against ``tenant/policy@alias`` and their results."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from schemas.envelope import Command, Payload
+from schemas.names import AliasName, Digest
+
+REQUEST_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+
+
+class InferRequested(Command):
+    event_type = "infer.requested"
+    topic = "infer.requests"
+
+    request_id: str = Field(pattern=REQUEST_ID_RE, description="caller's id, echoed back")
+    alias: AliasName = "prod"
+    revision: int | None = Field(None, ge=1, description="pin a revision instead of the alias")
+    prompt: str = Field(min_length=1, max_length=200_000)
+    max_tokens: int = Field(64, ge=1, le=32768)
+    temperature: float = Field(0.0, ge=0.0, le=10.0)
+    seed: int | None = None
+
+
+class InferCompleted(Payload):
+    event_type = "infer.completed"
+    topic = "infer.results"
+
+    request_id: str = Field(pattern=REQUEST_ID_RE)
+    revision: int = Field(ge=1, description="the revision that answered")
+    adapter_digest: Digest
+    engine_id: str = Field(max_length=128)
+    text: str
+    finish_reason: Literal["stop", "length", "error"]
+    prompt_tokens: int = Field(ge=0)
+    completion_tokens: int = Field(ge=0)
+    latency_ms: float = Field(ge=0.0)
+    cold_load: bool = Field(False, description="the adapter was cold-loaded for this request")

@@ -1,0 +1,47 @@
+"""Serving: promote and rollback commands, and the alias-moved fact the catalog records."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from schemas.envelope import Command, Payload
+from schemas.names import AliasName, Digest, StoreUri
+
+
+class PromoteCommand(Command):
+    event_type = "serving.promote"
+    topic = "serving.commands"
+
+    alias: AliasName = "prod"
+    revision: int = Field(ge=1, description="revision the alias should point to")
+    expected_revision: int | None = Field(
+        None, ge=1, description="compare-and-set: move only if the alias points here now"
+    )
+    reason: str = Field("", max_length=1024)
+    requested_by: str = Field("", max_length=256)
+
+
+class RollbackCommand(Command):
+    event_type = "serving.rollback"
+    topic = "serving.commands"
+
+    alias: AliasName = "prod"
+    to_revision: int | None = Field(None, ge=1, description="None: the alias's previous revision")
+    expected_revision: int | None = Field(None, ge=1)
+    reason: str = Field("", max_length=1024)
+    requested_by: str = Field("", max_length=256)
+
+
+class AliasMoved(Payload):
+    event_type = "alias.moved"
+    topic = "serving.events"
+
+    alias: AliasName
+    from_revision: int | None = Field(None, ge=1, description="None: the alias is new")
+    to_revision: int = Field(ge=1)
+    adapter_digest: Digest
+    store_uri: StoreUri
+    cause: Literal["promote", "rollback"]
+    reason: str = Field("", max_length=1024)

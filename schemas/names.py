@@ -1,0 +1,73 @@
+"""Validated names and references shared by every event: tenants, policies, aliases, digests,
+store URIs. Kept strict because these strings become Kafka keys, Cassandra keys and file paths."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import AfterValidator, StringConstraints
+
+TENANT_RE = r"^[a-z0-9][a-z0-9-]{0,62}$"
+POLICY_RE = r"^[a-z0-9][a-z0-9._-]{0,126}$"
+ALIAS_RE = r"^[a-z][a-z0-9-]{0,31}$"
+DIGEST_RE = r"^sha256:[0-9a-f]{64}$"
+PRODUCER_RE = r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}$"
+EVENT_TYPE_RE = r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$"
+
+TenantName = Annotated[str, StringConstraints(pattern=TENANT_RE)]
+PolicyName = Annotated[str, StringConstraints(pattern=POLICY_RE)]
+AliasName = Annotated[str, StringConstraints(pattern=ALIAS_RE)]
+Digest = Annotated[str, StringConstraints(pattern=DIGEST_RE)]
+ProducerName = Annotated[str, StringConstraints(pattern=PRODUCER_RE)]
+MetricName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")]
+ModuleName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.*]{0,255}$")]
+
+_URI_RE = re.compile(r"^(file|s3)://[^\s\\%?#]+$")
+
+
+def _check_store_uri(uri: str) -> str:
+    if not _URI_RE.match(uri):
+        raise ValueError(
+            f"store URI {uri!r} must be file:///… or s3://bucket/… without spaces, backslashes, "
+            "'%', '?' or '#'"
+        )
+    scheme, _, rest = uri.partition("://")
+    if scheme == "file":
+        if not rest.startswith("/"):
+            raise ValueError(f"store URI {uri!r}: file URIs must be absolute (file:///path/…)")
+        path = rest[1:]
+    else:
+        bucket, _, path = rest.partition("/")
+        if not bucket:
+            raise ValueError(f"store URI {uri!r}: s3 URIs must name a bucket (s3://bucket/key)")
+    segments = path.split("/")
+    if any(s in ("..", ".") for s in segments):
+        raise ValueError(f"store URI {uri!r} contains a '.' or '..' segment (path traversal)")
+    if "" in segments[:-1]:
+        raise ValueError(f"store URI {uri!r} contains an empty path segment ('//')")
+    return uri
+
+
+StoreUri = Annotated[str, StringConstraints(max_length=2048), AfterValidator(_check_store_uri)]
+
+
+def policy_id(tenant: str, policy: str) -> str:
+    """The Kafka key and catalog id of a policy: ``tenant/policy``."""
+    return f"{tenant}/{policy}"
+
+
+def split_policy_id(value: str) -> tuple[str, str]:
+    """``"acme/math-rl"`` → ``("acme", "math-rl")``, validating both names."""
+    tenant, sep, policy = value.partition("/")
+    if not sep or not re.match(TENANT_RE, tenant) or not re.match(POLICY_RE, policy):
+        raise ValueError(
+            f"policy id {value!r} must be tenant/policy with tenant matching {TENANT_RE} "
+            f"and policy matching {POLICY_RE} (e.g. acme/math-rl)"
+        )
+    return tenant, policy
+
+
+def in_namespace(uri: str, tenant: str, policy: str) -> bool:
+    """True when ``uri`` lies under the policy's namespace: its path holds ``/tenant/policy/``."""
+    return f"/{tenant}/{policy}/" in uri.partition("://")[2]
