@@ -1,0 +1,11 @@
+"""Errors of the tiny model builder."""
+
+from __future__ import annotations
+
+
+class ModelError(Exception):
+    """Base of model-building errors."""
+
+
+class ModelBuildError(ModelError, ValueError):
+    """A tiny model cannot be built as asked (unknown arch/size, folder in the way, too large)."""
