@@ -1,0 +1,272 @@
+"""The consumer loop every MinT processor runs.
+
+Usage (a worker's ``main``)::
+
+    from streams.consumer import run_consumer
+
+    def handle(envelope, record):      # schemas.Envelope, kafka ConsumerRecord
+        ...                            # must be idempotent on envelope.event_id
+
+    run_consumer(settings, ["export.events"], "catalog-projector", handle, stop=stop_event)
+
+Guarantees:
+
+- An offset is committed only after the handler returned (or the record was dead-lettered), so
+  a crash re-delivers what was not committed: at-least-once; handlers dedupe on ``event_id``.
+- A handler exception is retried with exponential backoff (``backoff_s`` doubling up to
+  ``max_backoff_s``) up to ``max_attempts`` times, then the record goes to the dead-letter topic.
+- Poison records (not JSON, invalid, unknown type or version) go to the dead-letter topic at once.
+  A dead letter keeps the original key and value bytes; ``mint.dlq.*`` headers name the reason,
+  the error and the original topic/partition/offset (``schemas.events.DeadLetter``). The offset
+  is committed only after the broker confirmed the dead letter: nothing is dropped, and no
+  partition is blocked forever.
+- Records of one partition are handled in order, one at a time.
+
+Topics are registry names (``export.events``); ``raw_topics`` takes broker names instead.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from kafka import KafkaConsumer, TopicPartition
+from kafka.consumer.fetcher import ConsumerRecord
+from kafka.structs import OffsetAndMetadata
+
+from schemas.envelope import Envelope
+from schemas.events.dead_letter import DeadLetter
+from schemas.exceptions import SchemaError
+from schemas.logs import bound_event
+from schemas.registry import decode_event
+from schemas.settings import MintSettings
+from streams.clients import make_consumer
+from streams.producer import EventProducer
+from streams.topics import DLQ, topic_for
+
+log = structlog.get_logger()
+
+Handler = Callable[[Envelope[Any], ConsumerRecord], None]
+
+
+@dataclass
+class ConsumerStats:
+    handled: int = 0
+    dead_lettered: int = 0
+    retries: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def records(self) -> int:
+        return self.handled + self.dead_lettered
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_attempts: int = 5
+    backoff_s: float = 0.2
+    max_backoff_s: float = 5.0
+
+    def delay(self, attempt: int) -> float:
+        return min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
+
+
+def dead_letter(
+    record: ConsumerRecord,
+    reason: str,
+    error: BaseException | str,
+    group: str,
+    attempts: int = 1,
+    envelope: Envelope[Any] | None = None,
+) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
+    """(key, value, headers) of the dead letter for ``record``: original bytes, reason headers."""
+    letter = DeadLetter(
+        reason=reason,  # type: ignore[arg-type]
+        error=f"{type(error).__name__}: {error}"[:4000]
+        if isinstance(error, BaseException)
+        else str(error)[:4000],  # fmt: skip
+        topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+        group=group,
+        attempts=attempts,
+        event_type=envelope.type if envelope else None,
+        event_id=str(envelope.event_id) if envelope else None,
+    )
+    kept = [(k, v) for k, v in (record.headers or []) if not k.startswith("mint.dlq.")]
+    return record.key, record.value, kept + letter.to_headers()
+
+
+class _Loop:
+    """Shared per-record logic of run_consumer and run_range."""
+
+    def __init__(
+        self,
+        settings: MintSettings,
+        group_id: str,
+        handler: Handler,
+        retry: RetryPolicy,
+        producer: EventProducer | None,
+        stop: threading.Event,
+    ) -> None:
+        self.settings, self.group_id, self.handler, self.retry = settings, group_id, handler, retry
+        self.stop = stop
+        self._own_producer = producer is None
+        self.producer = producer or EventProducer(settings, client_id=f"{group_id}-dlq")
+        self.dlq = topic_for(settings, DLQ)
+        self.stats = ConsumerStats()
+
+    def _to_dlq(
+        self, record: ConsumerRecord, reason: str, error: Any, attempts: int, env: Any = None
+    ) -> None:
+        key, value, headers = dead_letter(record, reason, error, self.group_id, attempts, env)
+        self.producer.send_raw(self.dlq, value, key, headers)
+        self.stats.dead_lettered += 1
+        self.stats.reasons[reason] = self.stats.reasons.get(reason, 0) + 1
+        log.warning("dead-lettered", reason=reason, error=str(error)[:300], topic=record.topic,
+                    partition=record.partition, offset=record.offset)  # fmt: skip
+
+    def process(self, record: ConsumerRecord) -> None:
+        try:
+            env = decode_event(record.value)
+        except SchemaError as e:
+            self._to_dlq(record, e.reason, e, 1)
+            return
+        with bound_event(event_id=str(env.event_id), type=env.type, policy=env.policy_id,
+                         correlation_id=str(env.correlation_id)):  # fmt: skip
+            for attempt in range(1, self.retry.max_attempts + 1):
+                try:
+                    self.handler(env, record)
+                    self.stats.handled += 1
+                    return
+                except Exception as e:  # any handler failure: retry, then dead-letter
+                    if attempt == self.retry.max_attempts:
+                        self._to_dlq(record, "handler_failed", e, attempt, env)
+                        return
+                    self.stats.retries += 1
+                    delay = self.retry.delay(attempt)
+                    log.warning("handler failed, retrying", attempt=attempt, delay_s=delay,
+                                error=f"{type(e).__name__}: {e}")  # fmt: skip
+                    if self.stop.wait(delay):
+                        raise _Stopped from None  # leave it uncommitted: redelivered later
+
+    def close(self) -> None:
+        if self._own_producer:
+            self.producer.close()
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _commit(consumer: KafkaConsumer, done: dict[TopicPartition, int]) -> None:
+    if done:
+        consumer.commit({tp: OffsetAndMetadata(off + 1, "", -1) for tp, off in done.items()})
+
+
+def _drain(
+    consumer: KafkaConsumer,
+    loop: _Loop,
+    batches: dict[TopicPartition, list[ConsumerRecord]],
+    end: dict[TopicPartition, int] | None = None,
+) -> None:
+    """Handle one poll's records partition by partition, committing what was finished."""
+    done: dict[TopicPartition, int] = {}
+    try:
+        for tp, records in batches.items():
+            for record in records:
+                if end is not None and record.offset >= end.get(tp, 0):
+                    break
+                loop.process(record)
+                done[tp] = record.offset
+    finally:
+        _commit(consumer, done)
+
+
+def run_consumer(
+    settings: MintSettings,
+    topics: Iterable[str],
+    group_id: str,
+    handler: Handler,
+    *,
+    stop: threading.Event | None = None,
+    retry: RetryPolicy | None = None,
+    max_records: int | None = None,
+    idle_timeout_s: float | None = None,
+    raw_topics: bool = False,
+    producer: EventProducer | None = None,
+    **consumer_options: Any,
+) -> ConsumerStats:
+    """Consume ``topics`` as member of ``group_id`` until ``stop`` is set (or ``max_records``
+    records were finished, or nothing arrived for ``idle_timeout_s``). Returns the counts."""
+    names = list(topics) if raw_topics else [topic_for(settings, t) for t in topics]
+    stop = stop or threading.Event()
+    loop = _Loop(settings, group_id, handler, retry or RetryPolicy(), producer, stop)
+    options = {"isolation_level": "read_committed", "client_id": group_id}
+    options.update(consumer_options)
+    consumer = make_consumer(settings, *names, group_id=group_id, **options)
+    last_seen = time.monotonic()
+    log.info("consumer started", topics=names, group=group_id)
+    try:
+        while not stop.is_set():
+            if max_records is not None and loop.stats.records >= max_records:
+                break
+            budget = None if max_records is None else max_records - loop.stats.records
+            batches = consumer.poll(timeout_ms=200, max_records=budget)
+            if batches:
+                last_seen = time.monotonic()
+                _drain(consumer, loop, batches)
+            elif idle_timeout_s is not None and time.monotonic() - last_seen > idle_timeout_s:
+                break
+    except _Stopped:
+        pass
+    finally:
+        consumer.close(autocommit=False)
+        loop.close()
+    log.info("consumer stopped", group=group_id, handled=loop.stats.handled,
+             dead_lettered=loop.stats.dead_lettered)  # fmt: skip
+    return loop.stats
+
+
+def run_range(
+    settings: MintSettings,
+    start: dict[TopicPartition, int],
+    end: dict[TopicPartition, int],
+    group_id: str,
+    handler: Handler,
+    *,
+    stop: threading.Event | None = None,
+    retry: RetryPolicy | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> ConsumerStats:
+    """Feed the records ``start[tp] <= offset < end[tp]`` to ``handler`` with the same retry and
+    dead-letter rules, committing progress under ``group_id`` (replay re-drives use a fresh one)."""
+    stop = stop or threading.Event()
+    loop = _Loop(settings, group_id, handler, retry or RetryPolicy(), None, stop)
+    pending = {tp: off for tp, off in start.items() if off < end.get(tp, 0)}
+    consumer = make_consumer(settings, group_id=group_id, isolation_level="read_committed")
+    try:
+        consumer.assign(list(pending))
+        for tp, off in pending.items():
+            consumer.seek(tp, off)
+        while pending and not stop.is_set():
+            batches = consumer.poll(timeout_ms=500)
+            before = loop.stats.records
+            _drain(consumer, loop, batches, end)
+            if progress and loop.stats.records > before:
+                progress(loop.stats.records - before)
+            for tp in list(pending):
+                # position() passes transaction markers too, so this ends even on a marker.
+                if consumer.position(tp) >= end[tp]:
+                    del pending[tp]
+                    consumer.pause(tp)
+    except _Stopped:
+        pass
+    finally:
+        consumer.close(autocommit=False)
+        loop.close()
+    return loop.stats

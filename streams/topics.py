@@ -1,0 +1,120 @@
+"""The topic registry: one topic per lifecycle stage, all keyed by policy id (``tenant/policy``).
+
+Names here are registry names (``export.events``); the broker name adds ``settings.topic_prefix``
+(``mint.export.events``). Every topic is created through :func:`ensure_topics` before any worker
+starts: the broker's auto-creation is off, and a faust worker started before its topic exists
+stays unsubscribed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import structlog
+from kafka.errors import KafkaError, TopicAlreadyExistsError
+
+from schemas.registry import TOPIC_OF_TYPE
+from schemas.settings import MintSettings
+from streams.clients import make_admin
+from streams.exceptions import TopicError
+
+log = structlog.get_logger()
+
+DAY_MS = 24 * 3600 * 1000
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    description: str
+    retention_ms: int = 7 * DAY_MS  # -1: forever
+    compacted: bool = False
+
+    def configs(self) -> dict[str, str]:
+        if self.compacted:
+            # Latest value per key forever; tombstones kept a day so readers see deletes.
+            return {"cleanup.policy": "compact", "delete.retention.ms": str(DAY_MS)}
+        return {"cleanup.policy": "delete", "retention.ms": str(self.retention_ms)}
+
+
+_SPECS = [
+    TopicSpec("rollout.requests", "rollout.requested commands"),
+    TopicSpec("rollout.results", "rollout.completed events (claim checks)"),
+    TopicSpec("update.requests", "update.requested commands"),
+    TopicSpec("update.results", "update.completed events"),
+    # The catalog is a projection of these: keep them forever so a replay rebuilds it.
+    TopicSpec("export.events", "export.completed: new revisions", retention_ms=-1),
+    TopicSpec("eval.requests", "eval.requested commands"),
+    TopicSpec("eval.results", "eval.completed events", retention_ms=-1),
+    TopicSpec("serving.commands", "serving.promote / serving.rollback commands", retention_ms=-1),
+    TopicSpec("serving.events", "alias.moved events", retention_ms=-1),
+    TopicSpec("load.requests", "load.requested cold loads (engines consume as a group)"),
+    TopicSpec("load.events", "load.loaded / load.evicted / load.failed"),
+    TopicSpec("infer.requests", "infer.requested (downstream requests)", retention_ms=DAY_MS),
+    TopicSpec("infer.results", "infer.completed (downstream results)", retention_ms=DAY_MS),
+    TopicSpec("dlq", "dead letters: original bytes + mint.dlq.* headers", retention_ms=30 * DAY_MS),
+    TopicSpec("policy.state", "latest alias pointers per policy (compacted)", compacted=True),
+]
+TOPICS: dict[str, TopicSpec] = {s.name: s for s in _SPECS}
+DLQ = "dlq"
+POLICY_STATE = "policy.state"
+
+assert set(TOPIC_OF_TYPE.values()) <= set(TOPICS), "every event type needs a registry topic"
+
+
+def topic_for(settings: MintSettings, name: str) -> str:
+    """Broker topic name for a registry name, with a clear error for unknown names."""
+    if name not in TOPICS:
+        raise TopicError(f"topic {name!r} is not in the registry; known: {', '.join(TOPICS)}")
+    return settings.topic(name)
+
+
+def topic_for_type(settings: MintSettings, event_type: str) -> str:
+    """Broker topic an event type travels on (e.g. export.completed → mint.export.events)."""
+    try:
+        return settings.topic(TOPIC_OF_TYPE[event_type])
+    except KeyError:
+        raise TopicError(f"event type {event_type!r} has no topic in the registry") from None
+
+
+def ensure_topics(
+    settings: MintSettings, names: list[str] | None = None, timeout_ms: int = 30_000
+) -> list[str]:
+    """Create the registry's topics (all, or ``names``) if missing; wait until they have leaders.
+
+    Idempotent: existing topics are left as they are. Returns the broker names newly created.
+    """
+    names = names or list(TOPICS)
+    unknown = [n for n in names if n not in TOPICS]
+    if unknown:
+        raise TopicError(f"topics {unknown} are not in the registry; known: {', '.join(TOPICS)}")
+    specs = [TOPICS[n] for n in names]
+    wanted = {
+        settings.topic(s.name): {
+            "num_partitions": settings.topic_partitions,
+            "replication_factor": settings.topic_replication,
+            "configs": s.configs(),
+        }
+        for s in specs
+    }
+    admin = make_admin(settings)
+    try:
+        result = admin.create_topics(wanted, timeout_ms=timeout_ms, raise_errors=False)
+        created = []
+        for t in result["topics"]:
+            if t["error_code"] == 0:
+                created.append(t["name"])
+            elif t["error_code"] != TopicAlreadyExistsError.errno:
+                raise TopicError(
+                    f"broker refused to create topic {t['name']!r}: error {t['error_code']} "
+                    f"{t.get('error_message') or ''} (check partitions={settings.topic_partitions},"
+                    f" replication={settings.topic_replication} against the cluster)"
+                )
+        admin.wait_for_topics(list(wanted), timeout_ms=timeout_ms)
+    except KafkaError as e:
+        raise TopicError(f"could not create topics {sorted(wanted)}: {e}") from e
+    finally:
+        admin.close()
+    if created:
+        log.info("topics created", topics=created)
+    return created
