@@ -1,0 +1,145 @@
+"""Consume-process-produce exactly once, with Kafka transactions.
+
+``process(envelope, record)`` returns the events to publish for one input (pure: no side effects
+outside Kafka, since a retried or aborted batch calls it again). For each poll, the outputs, any
+dead letters and the input offsets are committed in one transaction, so a ``read_committed``
+reader sees each input's outputs exactly once, even when the processor dies mid-transaction
+(the next instance with the same ``transactional_id`` aborts what the dead one left open).
+
+    run_transactional(settings, ["eval.results"], "promoter", "promoter-0", decide_promotion)
+
+Use one ``transactional_id`` per processor instance that is stable across restarts (e.g.
+``<processor>-<host or ordinal>``). Outputs go to their type's registry topic unless
+``output_topic`` (a broker name) is given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import structlog
+from kafka import TopicPartition
+from kafka.consumer.fetcher import ConsumerRecord
+from kafka.errors import KafkaError, ProducerFencedError
+from kafka.structs import OffsetAndMetadata
+
+from schemas.envelope import Envelope
+from schemas.exceptions import SchemaError
+from schemas.registry import decode_event, encode_event
+from schemas.settings import MintSettings
+from streams.clients import make_consumer, make_producer
+from streams.consumer import ConsumerStats, RetryPolicy, dead_letter
+from streams.topics import DLQ, topic_for, topic_for_type
+
+log = structlog.get_logger()
+
+Process = Callable[[Envelope[Any], ConsumerRecord], Iterable[Envelope[Any]]]
+Out = tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]]]
+
+
+def run_transactional(
+    settings: MintSettings,
+    topics: Iterable[str],
+    group_id: str,
+    transactional_id: str,
+    process: Process,
+    *,
+    stop: threading.Event | None = None,
+    retry: RetryPolicy | None = None,
+    max_records: int | None = None,
+    idle_timeout_s: float | None = None,
+    output_topic: str | None = None,
+    raw_topics: bool = False,
+) -> ConsumerStats:
+    """Run until ``stop`` is set, ``max_records`` inputs were committed, or idle for
+    ``idle_timeout_s``. Poison inputs and inputs whose ``process`` keeps failing are
+    dead-lettered inside the same transaction."""
+    names = list(topics) if raw_topics else [topic_for(settings, t) for t in topics]
+    stop = stop or threading.Event()
+    retry = retry or RetryPolicy()
+    dlq = topic_for(settings, DLQ)
+    stats = ConsumerStats()
+
+    def outputs_for(record: ConsumerRecord) -> list[Out]:
+        try:
+            env = decode_event(record.value)
+        except SchemaError as e:
+            stats.dead_lettered += 1
+            stats.reasons[e.reason] = stats.reasons.get(e.reason, 0) + 1
+            return [(dlq, *dead_letter(record, e.reason, e, group_id))]
+        for attempt in range(1, retry.max_attempts + 1):
+            try:
+                outs = [
+                    (output_topic or topic_for_type(settings, o.type), o.key, encode_event(o), [])
+                    for o in process(env, record)
+                ]
+                stats.handled += 1
+                return outs
+            except Exception as e:  # retried, then dead-lettered
+                if attempt == retry.max_attempts:
+                    stats.dead_lettered += 1
+                    stats.reasons["handler_failed"] = stats.reasons.get("handler_failed", 0) + 1
+                    return [
+                        (dlq, *dead_letter(record, "handler_failed", e, group_id, attempt, env))
+                    ]
+                stats.retries += 1
+                log.warning("process failed, retrying", attempt=attempt, error=str(e)[:300])
+                time.sleep(retry.delay(attempt))
+        raise AssertionError("unreachable")
+
+    producer = make_producer(
+        settings, transactional_id=transactional_id, client_id=transactional_id
+    )
+    consumer = make_consumer(
+        settings, *names, group_id=group_id, isolation_level="read_committed", client_id=group_id
+    )
+    try:
+        producer.init_transactions()  # fences and aborts a dead predecessor's open transaction
+        last_seen = time.monotonic()
+        while not stop.is_set():
+            if max_records is not None and stats.records >= max_records:
+                break
+            budget = None if max_records is None else max_records - stats.records
+            batches = consumer.poll(timeout_ms=200, max_records=budget)
+            if not batches:
+                if idle_timeout_s is not None and time.monotonic() - last_seen > idle_timeout_s:
+                    break
+                continue
+            last_seen = time.monotonic()
+            snapshot = (stats.handled, stats.dead_lettered, stats.retries, dict(stats.reasons))
+            try:
+                _one_transaction(producer, consumer, batches, outputs_for)
+            except ProducerFencedError:
+                raise  # another instance took over this transactional_id: stop here
+            except KafkaError as e:
+                log.warning("transaction aborted, retrying the batch", error=str(e))
+                stats.handled, stats.dead_lettered, stats.retries, stats.reasons = snapshot
+                with contextlib.suppress(KafkaError):
+                    producer.abort_transaction()
+                for tp, records in batches.items():
+                    consumer.seek(tp, records[0].offset)
+    finally:
+        consumer.close(autocommit=False)
+        producer.close()
+    return stats
+
+
+def _one_transaction(
+    producer: Any,
+    consumer: Any,
+    batches: dict[TopicPartition, list[ConsumerRecord]],
+    outputs_for: Callable[[ConsumerRecord], list[Out]],
+) -> None:
+    producer.begin_transaction()
+    offsets = {}
+    for tp, records in batches.items():
+        for record in records:
+            for topic, key, value, headers in outputs_for(record):
+                producer.send(topic, value, key, headers=headers)
+            offsets[tp] = OffsetAndMetadata(record.offset + 1, "", -1)
+    producer.send_offsets_to_transaction(offsets, consumer.group_metadata())
+    producer.commit_transaction()
