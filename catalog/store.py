@@ -1,0 +1,221 @@
+"""The adapter store: immutable, content-addressed revision directories on a filesystem.
+
+Layout: ``<root>/<tenant>/<policy>/adapters/<digest hex>/`` holding ``adapter_config.json``,
+``adapter_model.safetensors`` and ``manifest.json``. A revision is written into
+``<root>/.tmp/<random>/`` and renamed into place, so a reader sees all of it or none of it, and
+two writers of the same bytes end with one directory. Every read recomputes the digest.
+
+Here the root is a local path (``MINT_STORE_URI``, default ``.mint/store``). The scale-out path
+is an S3-compatible bucket through fsspec (``s3://bucket/prefix``): the same layout, with the
+atomic rename replaced by "upload under a temporary key, then write ``manifest.json`` last",
+and readers treating a directory without a valid manifest as absent.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from catalog.artifacts import (
+    ADAPTER_FILES,
+    MANIFEST_FILE,
+    Manifest,
+    adapter_digest,
+    check_manifest_matches,
+    inspect_adapter,
+    read_manifest,
+)
+from catalog.exceptions import (
+    AdapterCorrupted,
+    AdapterNotFound,
+    BaseModelMismatch,
+    InvalidReference,
+)
+
+log = structlog.get_logger()
+
+
+@dataclass(frozen=True)
+class StoredAdapter:
+    """A verified revision directory in the store."""
+
+    digest: str
+    uri: str
+    path: Path
+    manifest: Manifest
+
+    @property
+    def size_bytes(self) -> int:
+        return self.manifest.size_bytes
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class AdapterStore:
+    """Put and open adapter revisions under one root folder."""
+
+    def __init__(self, root: Path | str) -> None:
+        root = str(root)
+        if root.startswith("s3://"):
+            raise InvalidReference(
+                f"store root {root!r}: S3 stores are the documented scale-out path (fsspec) and "
+                "are not wired up yet; use a local folder (MINT_STORE_URI=/path)"
+            )
+        self.root = Path(root.removeprefix("file://")).resolve()
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> AdapterStore:
+        return cls(settings.adapter_store_root)
+
+    # Paths and URIs.
+
+    def path_for(self, tenant: str, policy: str, digest: str) -> Path:
+        return self.root / tenant / policy / "adapters" / digest.removeprefix("sha256:")
+
+    def uri_for(self, tenant: str, policy: str, digest: str) -> str:
+        return self.path_for(tenant, policy, digest).as_uri()
+
+    def path_of_uri(self, uri: str) -> Path:
+        if not uri.startswith("file://"):
+            raise InvalidReference(f"store URI {uri!r}: this store reads file:// URIs only")
+        path = Path(uri.removeprefix("file://")).resolve()
+        if self.root not in path.parents:
+            raise InvalidReference(
+                f"store URI {uri!r} lies outside this store's root {str(self.root)!r}"
+            )
+        return path
+
+    # Writing.
+
+    def put(
+        self,
+        source: Path | str,
+        *,
+        tenant: str,
+        policy: str,
+        base_model: str,
+        base_model_fingerprint: str,
+        parent: StoredAdapter | None = None,
+        parent_revision: int | None = None,
+        training: dict[str, Any] | None = None,
+    ) -> StoredAdapter:
+        """Check the PEFT directory ``source`` and store it as an immutable revision.
+
+        Idempotent: the same adapter bytes give the same digest and the existing directory.
+        Refuses (``AdapterRejected`` subclasses) pickle weights, NaN/Inf, shape/target
+        disagreements, and a ``parent`` trained on another base model.
+        """
+        source = Path(source)
+        shape = inspect_adapter(source)
+        if parent is not None and parent.manifest.base_model_fingerprint != base_model_fingerprint:
+            raise BaseModelMismatch(
+                f"base_model_fingerprint={base_model_fingerprint} differs from the parent "
+                f"revision's {parent.manifest.base_model_fingerprint} ({parent.uri}); a policy "
+                "keeps one base model — start a new policy for another base"
+            )
+        digest, hashes = adapter_digest(source)
+        final = self.path_for(tenant, policy, digest)
+        if final.exists():
+            log.info("adapter_exists", digest=digest, path=str(final))
+            return self.open_path(final, base_model_fingerprint=base_model_fingerprint)
+        manifest = Manifest(
+            digest=digest,
+            files=hashes,
+            size_bytes=sum((source / n).stat().st_size for n in ADAPTER_FILES),
+            tenant=tenant,
+            policy=policy,
+            base_model=base_model,
+            base_model_fingerprint=base_model_fingerprint,
+            rank=shape.rank,
+            lora_alpha=shape.lora_alpha,
+            target_modules=shape.target_modules,
+            target_parameters=shape.target_parameters,
+            parent_revision=parent_revision,
+            parent_digest=parent.digest if parent is not None else None,
+            training=training or {},
+        )
+        tmp = self.root / ".tmp" / uuid.uuid4().hex
+        tmp.mkdir(parents=True)
+        try:
+            for name in ADAPTER_FILES:
+                shutil.copyfile(source / name, tmp / name)
+            (tmp / MANIFEST_FILE).write_text(manifest.model_dump_json(indent=2) + "\n")
+            for name in (*ADAPTER_FILES, MANIFEST_FILE):
+                with (tmp / name).open("rb+") as f:
+                    os.fsync(f.fileno())
+            # The copy must still hash to the digest (a source changed mid-copy is caught here).
+            if adapter_digest(tmp)[0] != digest:
+                raise AdapterCorrupted(f"{source} changed while it was being stored; retry")
+            final.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.rename(tmp, final)
+            except OSError:
+                if not final.exists():
+                    raise
+                # Another writer stored the same bytes first: theirs is as good as ours.
+                shutil.rmtree(tmp, ignore_errors=True)
+            _fsync_dir(final.parent)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        log.info("adapter_stored", digest=digest, uri=final.as_uri(), tenant=tenant, policy=policy)
+        return self.open_path(final, base_model_fingerprint=base_model_fingerprint)
+
+    # Reading.
+
+    def open(self, uri: str, *, base_model_fingerprint: str | None = None) -> StoredAdapter:
+        """Open and verify the revision at ``uri`` (digest, shape, finiteness, base model)."""
+        return self.open_path(self.path_of_uri(uri), base_model_fingerprint=base_model_fingerprint)
+
+    def get(
+        self, tenant: str, policy: str, digest: str, *, base_model_fingerprint: str | None = None
+    ) -> StoredAdapter:
+        return self.open_path(
+            self.path_for(tenant, policy, digest), base_model_fingerprint=base_model_fingerprint
+        )
+
+    def open_path(self, path: Path, *, base_model_fingerprint: str | None = None) -> StoredAdapter:
+        if not (path / MANIFEST_FILE).is_file():
+            raise AdapterNotFound(
+                f"no stored revision at {str(path)!r} (no {MANIFEST_FILE}); check the URI or "
+                "digest against the catalog"
+            )
+        manifest = read_manifest(path)
+        shape = inspect_adapter(path)
+        digest, _ = adapter_digest(path)
+        if digest != manifest.digest or path.name != digest.removeprefix("sha256:"):
+            raise AdapterCorrupted(
+                f"revision at {str(path)!r}: content digest is {digest} but the manifest says "
+                f"{manifest.digest} (folder {path.name}); the files were modified — restore "
+                "them from a replica or re-export the revision"
+            )
+        check_manifest_matches(manifest, shape)
+        if base_model_fingerprint is not None and (
+            manifest.base_model_fingerprint != base_model_fingerprint
+        ):
+            raise BaseModelMismatch(
+                f"revision {manifest.digest} was trained on base model "
+                f"{manifest.base_model!r} with fingerprint {manifest.base_model_fingerprint}, "
+                f"but this engine's base has fingerprint {base_model_fingerprint}; load it on "
+                "an engine with that base model"
+            )
+        return StoredAdapter(digest=digest, uri=path.as_uri(), path=path, manifest=manifest)
+
+    def list(self, tenant: str, policy: str) -> list[str]:
+        """Digests stored for one policy (unverified: open one to verify it)."""
+        folder = self.root / tenant / policy / "adapters"
+        if not folder.is_dir():
+            return []
+        return sorted("sha256:" + p.name for p in folder.iterdir() if (p / MANIFEST_FILE).exists())
