@@ -13,23 +13,28 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 class MintSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MINT_", extra="ignore", frozen=True)
 
-    # Kafka. Setting MINT_KAFKA_BOOTSTRAP names an external cluster: the launcher starts nothing.
+    # Kafka. A non-loopback MINT_KAFKA_BOOTSTRAP (or MINT_KAFKA_EXTERNAL=true) names an external
+    # cluster: the local launcher starts nothing and only checks it.
     kafka_bootstrap: str = Field("127.0.0.1:19092", description="host:port[,host:port…]")
     kafka_controller_port: int = Field(19093, description="local KRaft controller port")
     topic_prefix: str = Field("mint", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     topic_partitions: int = Field(3, ge=1, le=1024)
     topic_replication: int = Field(1, ge=1, le=7)
 
-    # Cassandra. Setting MINT_CASSANDRA_HOSTS names an external cluster.
+    kafka_external: bool | None = Field(None, description="None: external unless on loopback")
+
+    # Cassandra. Non-loopback MINT_CASSANDRA_HOSTS (or MINT_CASSANDRA_EXTERNAL=true) is external.
     cassandra_hosts: str = Field("127.0.0.1", description="comma-separated contact points")
     cassandra_port: int = Field(19042, ge=1, le=65535)
     cassandra_storage_port: int = Field(17000, ge=1, le=65535)
+    cassandra_external: bool | None = Field(None, description="None: external unless on loopback")
     keyspace: str = Field("mint", pattern=r"^[a-z][a-z0-9_]{0,47}$")
     keyspace_replication: str = Field(
         "{'class': 'SimpleStrategy', 'replication_factor': 1}",
@@ -68,13 +73,18 @@ class MintSettings(BaseSettings):
         return [h.strip() for h in self.cassandra_hosts.split(",") if h.strip()]
 
     @property
-    def kafka_external(self) -> bool:
-        """True when the user named a Kafka cluster, so nothing local is started."""
-        return "kafka_bootstrap" in self.model_fields_set
+    def kafka_is_external(self) -> bool:
+        """True when Kafka is someone else's cluster, so the local launcher starts nothing."""
+        if self.kafka_external is not None:
+            return self.kafka_external
+        hosts = [part.strip().rpartition(":")[0] for part in self.kafka_bootstrap.split(",")]
+        return not all(h in LOOPBACK for h in hosts)
 
     @property
-    def cassandra_external(self) -> bool:
-        return "cassandra_hosts" in self.model_fields_set
+    def cassandra_is_external(self) -> bool:
+        if self.cassandra_external is not None:
+            return self.cassandra_external
+        return not all(h in LOOPBACK for h in self.cassandra_contact_points)
 
     @property
     def adapter_store_root(self) -> Path:

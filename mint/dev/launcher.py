@@ -223,7 +223,7 @@ def _cassandra_command(settings: MintSettings, svc: Service, java: str) -> list[
 
 
 def _external(settings: MintSettings, name: str) -> bool:
-    return settings.kafka_external if name == "kafka" else settings.cassandra_external
+    return settings.kafka_is_external if name == "kafka" else settings.cassandra_is_external
 
 
 def up(settings: MintSettings, only: tuple[str, ...] = ("kafka", "cassandra")) -> dict[str, float]:
