@@ -1,0 +1,58 @@
+"""Dump a catalog keyspace to comparable rows and diff two keyspaces (live vs rebuilt)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cassandra.cluster import Session
+from cassandra.query import SimpleStatement
+
+# Every catalog table; schema_migrations is bookkeeping of the keyspace, not catalog content.
+TABLES = (
+    "tenants",
+    "policies",
+    "revisions",
+    "revisions_by_digest",
+    "aliases",
+    "alias_history",
+    "applied_events",
+)
+
+
+def dump(session: Session, keyspace: str, tables=TABLES) -> dict[str, set[tuple]]:
+    """Each table as a set of rows (tuples of (column, value) sorted by column)."""
+    out = {}
+    for table in tables:
+        stmt = SimpleStatement(f"SELECT * FROM {keyspace}.{table}", fetch_size=5000)
+        out[table] = {tuple(sorted(r._asdict().items())) for r in session.execute(stmt)}
+    return out
+
+
+@dataclass
+class Diff:
+    tables: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # rows, only_a, only_b
+    examples: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def identical(self) -> bool:
+        return all(a == 0 and b == 0 for _, a, b in self.tables.values())
+
+    def summary(self) -> str:
+        lines = [f"{t}: {n} rows, {a} only in first, {b} only in second"
+                 for t, (n, a, b) in self.tables.items()]  # fmt: skip
+        for t, ex in self.examples.items():
+            lines += [f"  {t}: {e}" for e in ex]
+        return "\n".join(lines)
+
+
+def compare(session: Session, keyspace_a: str, keyspace_b: str, tables=TABLES) -> Diff:
+    a, b = dump(session, keyspace_a, tables), dump(session, keyspace_b, tables)
+    diff = Diff()
+    for t in tables:
+        only_a, only_b = a[t] - b[t], b[t] - a[t]
+        diff.tables[t] = (len(a[t]), len(only_a), len(only_b))
+        ex = [f"only in {keyspace_a}: {dict(r)}" for r in list(only_a)[:3]]
+        ex += [f"only in {keyspace_b}: {dict(r)}" for r in list(only_b)[:3]]
+        if ex:
+            diff.examples[t] = ex
+    return diff

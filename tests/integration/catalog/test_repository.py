@@ -1,0 +1,274 @@
+"""The repository against real Cassandra: registration, resolve, CAS moves, rollback, errors."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pytest
+
+from catalog.bulk import BulkLoader, BulkPolicy
+from catalog.cluster import connect
+from catalog.exceptions import (
+    AliasConflict,
+    AliasNotFound,
+    Conflict,
+    CrossTenantReference,
+    InvalidReference,
+    MalformedDigest,
+    PolicyExists,
+    PolicyInUse,
+    PolicyNotFound,
+    PolicyRetired,
+    RevisionNotFound,
+)
+from catalog.repository import CatalogRepository
+from catalog.snapshot import dump
+
+from .conftest import digest_of, uri_of
+
+
+def _policy_with(repo, tenant, n=3, policy="math-rl"):
+    repo.create_policy(tenant, policy, "tiny-llama", by="test")
+    return [
+        repo.register_revision(
+            tenant, policy, digest=digest_of(tenant, i), store_uri=uri_of(tenant, policy, i)
+        )
+        for i in range(1, n + 1)
+    ]
+
+
+def test_create_policy_is_idempotent_and_refuses_another_base(repo, tenant):
+    a = repo.create_policy(tenant, "p", "tiny-llama", by="alice")
+    assert repo.create_policy(tenant, "p", "tiny-llama", by="bob") == a
+    with pytest.raises(PolicyExists, match="base_model 'tiny-llama', not 'other'"):
+        repo.create_policy(tenant, "p", "other")
+    assert [p.policy for p in repo.list_policies(tenant)] == ["p"]
+
+
+def test_register_numbers_revisions_and_is_idempotent(repo, tenant):
+    revs = _policy_with(repo, tenant, 3)
+    assert [r.revision for r in revs] == [1, 2, 3]
+    assert all(r.is_new for r in revs)
+    again = repo.register_revision(
+        tenant, "math-rl", digest=digest_of(tenant, 2), store_uri=uri_of(tenant, "math-rl", 2)
+    )
+    assert again.revision == 2 and not again.is_new
+    # By source event id: a redelivered export never creates revision N+1.
+    eid = uuid.uuid4()
+    kw = dict(digest=digest_of(tenant, "x"), store_uri="file:///s/x", source_event_id=eid)
+    first = repo.register_revision(tenant, "math-rl", **kw)
+    second = repo.register_revision(tenant, "math-rl", **kw)
+    assert (first.revision, first.is_new, second.revision, second.is_new) == (4, True, 4, False)
+    page, _ = repo.list_revisions(tenant, "math-rl")
+    assert [r.revision for r in page] == [4, 3, 2, 1]
+
+
+def test_register_with_demanded_number(repo, tenant):
+    _policy_with(repo, tenant, 2)
+    with pytest.raises(Conflict, match="says revision 5 but the next revision is 3"):
+        repo.register_revision(
+            tenant, "math-rl", digest=digest_of("gap"), store_uri="file:///s/g", revision=5
+        )
+    # The refused registration left no claim: the same digest registers fine as revision 3.
+    r = repo.register_revision(
+        tenant, "math-rl", digest=digest_of("gap"), store_uri="file:///s/g", revision=3
+    )
+    assert r.revision == 3
+
+
+def test_concurrent_registrations_get_distinct_gapless_numbers(catalog_keyspace, tenant):
+    session, ks = catalog_keyspace
+    repo = CatalogRepository(session, ks)
+    repo.create_policy(tenant, "p", "tiny-llama")
+    got, errors = [], []
+
+    def worker(k: int) -> None:
+        try:
+            for i in range(5):
+                d = digest_of(tenant, k, i)
+                got.append(repo.register_revision(tenant, "p", digest=d, store_uri="file:///s/x"))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert sorted(r.revision for r in got) == list(range(1, 21))
+    assert len({r.digest for r in got}) == 20
+
+
+def test_resolve_alias_number_and_digest(repo, tenant):
+    revs = _policy_with(repo, tenant, 3)
+    repo.move_alias(tenant, "math-rl", "prod", 2, expected=None, by="alice", reason="good eval")
+    by_alias = repo.resolve(f"{tenant}/math-rl@prod")
+    by_number = repo.resolve(f"{tenant}/math-rl@2")
+    by_digest = repo.resolve(f"{tenant}/math-rl@{revs[1].digest}")
+    assert by_alias.revision == by_number.revision == by_digest.revision == 2
+    assert by_alias.digest == revs[1].digest and by_alias.store_uri == revs[1].store_uri
+    assert by_alias.alias == "prod"
+
+
+def test_paging_over_1000_revisions(catalog_keyspace, repo, tenant):
+    session, ks = catalog_keyspace
+    revs = [(digest_of(tenant, i), f"file:///s/{tenant}/big/{i}") for i in range(1, 1001)]
+    BulkLoader(session, ks).load([BulkPolicy(tenant, "big", "tiny-llama", revs)])
+    seen, state, pages = [], None, 0
+    while True:
+        page, state = repo.list_revisions(tenant, "big", page_size=64, page_state=state)
+        seen += [r.revision for r in page]
+        pages += 1
+        if state is None:
+            break
+    assert seen == list(range(1000, 0, -1))
+    assert pages == 16  # 15 full pages of 64 and one of 40
+    # Bulk rows are real catalog rows: the next registration is 1001 and digests resolve.
+    assert (
+        repo.register_revision(
+            tenant, "big", digest=digest_of("new"), store_uri="file:///n"
+        ).revision
+        == 1001
+    )
+    assert repo.resolve(f"{tenant}/big@{revs[499][0]}").revision == 500
+
+
+def test_two_racing_promotions_exactly_one_wins(catalog_keyspace, base_settings, repo, tenant):
+    """Real concurrency: two threads, each with its own cluster connection and session."""
+    _, ks = catalog_keyspace
+    _policy_with(repo, tenant, 3)
+    repo.move_alias(tenant, "math-rl", "prod", 1, expected=None)
+    sessions = [connect(base_settings) for _ in range(2)]
+    repos = [CatalogRepository(s, ks) for _, s in sessions]
+    barrier = threading.Barrier(2)
+    results: dict[int, object] = {}
+
+    def promote(i: int, to: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = repos[i].move_alias(tenant, "math-rl", "prod", to, expected=1, by=f"w{i}")
+        except AliasConflict as e:
+            results[i] = e
+
+    try:
+        threads = [threading.Thread(target=promote, args=(i, i + 2)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        for cluster, _ in sessions:
+            cluster.shutdown()
+    wins = [r for r in results.values() if not isinstance(r, AliasConflict)]
+    losses = [r for r in results.values() if isinstance(r, AliasConflict)]
+    assert len(wins) == 1 and len(losses) == 1
+    assert losses[0].current == wins[0].to_revision
+    assert f"is at revision {wins[0].to_revision}, not the expected 1" in str(losses[0])
+    history = repo.alias_history(tenant, "math-rl", "prod")
+    assert [(h.from_revision, h.to_revision) for h in history] == [
+        (1, wins[0].to_revision),
+        (None, 1),
+    ]
+    assert repo.resolve(f"{tenant}/math-rl@prod").revision == wins[0].to_revision
+
+
+def test_rollback_restores_previous_target_and_is_recorded(repo, tenant):
+    _policy_with(repo, tenant, 3)
+    repo.move_alias(tenant, "math-rl", "prod", 1, expected=None, by="a")
+    repo.move_alias(tenant, "math-rl", "prod", 3, expected=1, by="a", reason="rev 3 passed eval")
+    back = repo.rollback(tenant, "math-rl", "prod", by="oncall", reason="regression")
+    assert (back.from_revision, back.to_revision, back.kind) == (3, 1, "rollback")
+    assert repo.resolve(f"{tenant}/math-rl@prod").revision == 1
+    named = repo.rollback(tenant, "math-rl", "prod", to=2, by="oncall")
+    assert (named.from_revision, named.to_revision) == (1, 2)
+    history = repo.alias_history(tenant, "math-rl", "prod")
+    assert [(h.seq, h.from_revision, h.to_revision, h.kind, h.moved_by) for h in history] == [
+        (4, 1, 2, "rollback", "oncall"),
+        (3, 3, 1, "rollback", "oncall"),
+        (2, 1, 3, "promote", "a"),
+        (1, None, 1, "promote", "a"),
+    ]
+    assert history[1].reason == "regression" and history[2].reason == "rev 3 passed eval"
+
+
+def test_rollback_without_previous_target(repo, tenant):
+    _policy_with(repo, tenant, 1)
+    repo.move_alias(tenant, "math-rl", "prod", 1, expected=None)
+    with pytest.raises(Conflict, match="no previous target"):
+        repo.rollback(tenant, "math-rl", "prod")
+
+
+def test_move_with_same_event_id_is_a_no_op(repo, tenant):
+    _policy_with(repo, tenant, 2)
+    eid = uuid.uuid4()
+    a = repo.move_alias(tenant, "math-rl", "prod", 2, expected=None, event_id=eid)
+    b = repo.move_alias(tenant, "math-rl", "prod", 2, expected=None, event_id=eid)
+    assert a == b
+    assert len(repo.alias_history(tenant, "math-rl", "prod")) == 1
+
+
+def test_retire_only_when_no_alias_points_into_it(repo, tenant):
+    _policy_with(repo, tenant, 1)
+    repo.move_alias(tenant, "math-rl", "prod", 1, expected=None)
+    with pytest.raises(PolicyInUse, match=r"@prod->1"):
+        repo.retire_policy(tenant, "math-rl")
+    repo.move_alias(tenant, "math-rl", "prod", None, expected=1, reason="retiring")
+    retired = repo.retire_policy(tenant, "math-rl", by="admin")
+    assert retired.retired_at is not None and retired.retired_by == "admin"
+    with pytest.raises(PolicyRetired):
+        repo.register_revision(tenant, "math-rl", digest=digest_of("z"), store_uri="file:///z")
+    with pytest.raises(PolicyRetired):
+        repo.move_alias(tenant, "math-rl", "prod", 1, expected=None)
+
+
+def _tenant_rows(session, ks, tenant):
+    return {
+        t: {r for r in rows if dict(r).get("tenant") == tenant}
+        for t, rows in dump(session, ks).items()
+    }
+
+
+BAD_INPUTS = [
+    # (what, call, error, message fragment)
+    ("unknown policy", lambda r, t: r.register_revision(t, "nope", digest=digest_of(1), store_uri="file:///x"),
+     PolicyNotFound, "policy {t}/nope does not exist"),
+    ("malformed digest", lambda r, t: r.register_revision(t, "math-rl", digest="sha256:XYZ", store_uri="file:///x"),
+     MalformedDigest, "digest 'sha256:XYZ' is malformed"),
+    ("digest without prefix", lambda r, t: r.resolve(f"{t}/math-rl@{'a' * 64}"),
+     InvalidReference, "alias"),
+    ("another tenant's revision", lambda r, t: r.move_alias(t, "math-rl", "prod", "other-tenant/math-rl@1", expected=None),
+     CrossTenantReference, "belongs to another tenant"),
+    ("another policy's revision", lambda r, t: r.move_alias(t, "math-rl", "prod", f"{t}/other@1", expected=None),
+     CrossTenantReference, "belongs to another policy"),
+    ("alias to a missing revision", lambda r, t: r.move_alias(t, "math-rl", "prod", 99, expected=None),
+     RevisionNotFound, "revision 99 of {t}/math-rl does not exist"),
+    ("alias to a missing digest", lambda r, t: r.move_alias(t, "math-rl", "prod", f"{t}/math-rl@{digest_of('missing')}", expected=None),
+     RevisionNotFound, "no revision of {t}/math-rl has digest"),
+    ("stale expected revision", lambda r, t: r.move_alias(t, "math-rl", "canary", 1, expected=2),
+     AliasConflict, "points nowhere, not the expected 2"),
+    ("unknown alias", lambda r, t: r.resolve(f"{t}/math-rl@staging"),
+     AliasNotFound, "points nowhere"),
+    ("bad alias name", lambda r, t: r.move_alias(t, "math-rl", "Prod!", 1, expected=None),
+     InvalidReference, "alias 'Prod!' is not valid"),
+    ("bad tenant name", lambda r, t: r.create_policy("Bad Tenant", "p", "m"),
+     InvalidReference, "tenant 'Bad Tenant' is not a valid name"),
+    ("revision zero", lambda r, t: r.get_revision(t, "math-rl", 0),
+     InvalidReference, "expected an integer >= 1"),
+    ("malformed reference", lambda r, t: r.resolve("no-slash@prod"),
+     InvalidReference, "expected 'tenant/policy@alias'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("what,call,error,fragment", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_bad_input_raises_typed_error_and_writes_nothing(
+    catalog_keyspace, repo, tenant, what, call, error, fragment
+):
+    session, ks = catalog_keyspace
+    _policy_with(repo, tenant, 1)
+    before = _tenant_rows(session, ks, tenant)
+    with pytest.raises(error, match=fragment.format(t=tenant).replace("(", r"\(")) as info:
+        call(repo, tenant)
+    assert isinstance(info.value, ValueError | LookupError | PermissionError | RuntimeError)
+    assert _tenant_rows(session, ks, tenant) == before
