@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import AfterValidator, StringConstraints
+from pydantic import AfterValidator, StringConstraints, WithJsonSchema
 
 TENANT_RE = r"^[a-z0-9][a-z0-9-]{0,62}$"
 POLICY_RE = r"^[a-z0-9][a-z0-9._-]{0,126}$"
@@ -23,7 +23,8 @@ ProducerName = Annotated[str, StringConstraints(pattern=PRODUCER_RE)]
 MetricName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")]
 ModuleName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.*]{0,255}$")]
 
-_URI_RE = re.compile(r"^(file|s3)://[^\s\\%?#]+$")
+URI_RE = r"^(file|s3)://[^\s\\%?#]+$"
+_URI_RE = re.compile(URI_RE)
 
 
 def _check_store_uri(uri: str) -> str:
@@ -49,7 +50,21 @@ def _check_store_uri(uri: str) -> str:
     return uri
 
 
-StoreUri = Annotated[str, StringConstraints(max_length=2048), AfterValidator(_check_store_uri)]
+StoreUri = Annotated[
+    str,
+    StringConstraints(max_length=2048),
+    AfterValidator(_check_store_uri),
+    # The JSON Schema states what a foreign producer can check; the validator says why it failed.
+    WithJsonSchema(
+        {
+            "type": "string",
+            "maxLength": 2048,
+            "pattern": URI_RE,
+            "description": "file:///… or s3://bucket/…; no '.'/'..' segments; the path must "
+            "contain /<tenant>/<policy>/ of the envelope",
+        }
+    ),
+]
 
 
 def policy_id(tenant: str, policy: str) -> str:

@@ -1,0 +1,98 @@
+"""One valid example payload per event type (for docs, tests and benchmarks).
+
+Store URIs point under ``s3://mint-store/<tenant>/<policy>/`` so they fit any envelope built with
+the same tenant and policy: ``make_event(example_payload(t, "acme", "math-rl"), ...)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schemas.envelope import Payload
+from schemas.registry import EVENT_TYPES
+
+DIGEST = "sha256:" + "ab" * 32
+BASE_FINGERPRINT = "sha256:" + "cd" * 32
+
+
+def example_fields(
+    event_type: str, tenant: str = "acme", policy: str = "math-rl"
+) -> dict[str, Any]:
+    root = f"s3://mint-store/{tenant}/{policy}"
+    return {
+        "rollout.requested": {"base_model": "tiny-llama", "prompts": ["2+2="], "max_tokens": 8},
+        "rollout.completed": {
+            "revision": 1,
+            "adapter_digest": DIGEST,
+            "rollouts_uri": f"{root}/rollouts/r1.jsonl",
+            "num_rollouts": 4,
+            "mean_reward": 0.5,
+            "duration_s": 1.5,
+        },
+        "update.requested": {"base_model": "tiny-llama", "data_uri": f"{root}/data/sft.jsonl"},
+        "update.completed": {"steps": 1, "loss": 2.3, "duration_s": 0.8, "exported": True},
+        "export.completed": {
+            "revision": 1,
+            "adapter_digest": DIGEST,
+            "store_uri": f"{root}/revisions/1",
+            "size_bytes": 65536,
+            "rank": 8,
+            "lora_alpha": 16.0,
+            "target_modules": ["q_proj", "v_proj"],
+            "base_model": "tiny-llama",
+            "base_model_fingerprint": BASE_FINGERPRINT,
+        },
+        "eval.requested": {
+            "revision": 1,
+            "adapter_digest": DIGEST,
+            "suite": "arith",
+            "thresholds": {"accuracy": {"min": 0.5}},
+        },
+        "eval.completed": {
+            "revision": 1,
+            "adapter_digest": DIGEST,
+            "suite": "arith",
+            "metrics": {"accuracy": 0.75},
+            "thresholds": {"accuracy": {"min": 0.5}},
+            "passed": True,
+        },
+        "serving.promote": {"alias": "prod", "revision": 1, "reason": "eval passed"},
+        "serving.rollback": {"alias": "prod", "reason": "regression"},
+        "alias.moved": {
+            "alias": "prod",
+            "to_revision": 1,
+            "adapter_digest": DIGEST,
+            "store_uri": f"{root}/revisions/1",
+            "cause": "promote",
+        },
+        "load.requested": {
+            "revision": 1,
+            "adapter_digest": DIGEST,
+            "store_uri": f"{root}/revisions/1",
+            "base_model": "tiny-llama",
+        },
+        "load.loaded": {
+            "engine_id": "engine-0",
+            "revision": 1,
+            "adapter_digest": DIGEST,
+            "load_ms": 12.5,
+        },  # fmt: skip
+        "load.evicted": {"engine_id": "engine-0", "revision": 1, "adapter_digest": DIGEST},
+        "load.failed": {"revision": 1, "adapter_digest": DIGEST, "error": "digest mismatch"},
+        "infer.requested": {"request_id": "req-1", "prompt": "2+2=", "max_tokens": 4},
+        "infer.completed": {
+            "request_id": "req-1",
+            "revision": 1,
+            "adapter_digest": DIGEST,
+            "engine_id": "engine-0",
+            "text": "4",
+            "finish_reason": "stop",
+            "prompt_tokens": 4,
+            "completion_tokens": 1,
+            "latency_ms": 20.0,
+        },
+    }[event_type]
+
+
+def example_payload(event_type: str, tenant: str = "acme", policy: str = "math-rl") -> Payload:
+    return EVENT_TYPES[event_type](**example_fields(event_type, tenant, policy))
