@@ -96,7 +96,8 @@ def _apply_alias_moved(repo: CatalogRepository, env: Envelope[Any], p: AliasMove
         )
     repo.move_alias(
         env.tenant, env.policy, p.alias, p.to_revision, expected=p.from_revision,
-        by=env.producer, reason=p.reason, event_id=env.event_id, at=env.occurred_at, kind=p.cause,
+        by=p.requested_by or env.producer, reason=p.reason, event_id=env.event_id,
+        at=env.occurred_at, kind=p.cause,
     )  # fmt: skip
     return p.to_revision
 
@@ -144,6 +145,7 @@ def execute_serving_command(
             alias=move.alias, from_revision=move.from_revision, to_revision=move.to_revision,
             adapter_digest=target.digest, store_uri=target.store_uri,
             cause="rollback" if move.kind == "rollback" else "promote", reason=move.reason,
+            requested_by=move.moved_by,
         ),
         tenant=cmd.tenant, policy=cmd.policy, producer=producer, caused_by=cmd,
         event_id=move_id, occurred_at=move.moved_at,

@@ -535,8 +535,14 @@ class CatalogRepository:
         self._live_policy(tenant, policy)
         at = utc(at)
         cur = self._one(self._get_alias_serial, (tenant, policy, alias))
-        if cur is not None and event_id is not None and cur.last_event_id == event_id:
-            return self._history_entry(tenant, policy, alias, cur.seq)
+        if cur is not None and event_id is not None:
+            if cur.last_event_id == event_id:
+                return self._history_entry(tenant, policy, alias, cur.seq)
+            # A redelivery after later moves (a projector lagging behind the controller): the
+            # value may even be back at `expected` (A->B->A), so look the event up in history.
+            done = self._find_move(tenant, policy, alias, event_id)
+            if done is not None:
+                return done
         current = cur.revision if cur is not None else None
         if current != expected:
             raise _conflict(tenant, policy, alias, expected, current)
@@ -583,8 +589,10 @@ class CatalogRepository:
         ``to``), by compare-and-set on its current value; recorded in history as a rollback.
         Like ``kubectl rollout undo``, two rollbacks in a row return to where they started."""
         cur = self.get_alias(tenant, policy, alias)
-        if event_id is not None and cur.last_event_id == event_id:
-            return self._history_entry(tenant, policy, alias, cur.seq)
+        if event_id is not None:
+            done = self._find_move(tenant, policy, alias, event_id)
+            if done is not None:
+                return done  # a redelivered rollback: already done
         if to is None:
             last = self._history_entry(tenant, policy, alias, cur.seq)
             if last.from_revision is None:
@@ -607,6 +615,10 @@ class CatalogRepository:
         check_name("policy", policy)
         check_alias(alias)
         return [_move(r) for r in self._run(self._get_history, (tenant, policy, alias, limit))]
+
+    def _find_move(self, tenant, policy, alias, event_id: uuid.UUID) -> AliasMove | None:
+        rows = self._run(self._get_history, (tenant, policy, alias, 10_000))
+        return next((_move(r) for r in rows if r.event_id == event_id), None)
 
     def _history_entry(self, tenant: str, policy: str, alias: str, seq: int) -> AliasMove:
         row = self._one(self._get_history_entry, (tenant, policy, alias, seq))

@@ -19,12 +19,19 @@ TABLES = (
 )
 
 
-def dump(session: Session, keyspace: str, tables=TABLES) -> dict[str, set[tuple]]:
-    """Each table as a set of rows (tuples of (column, value) sorted by column)."""
+def dump(
+    session: Session, keyspace: str, tables=TABLES, tenant: str | None = None
+) -> dict[str, set[tuple]]:
+    """Each table as a set of rows (tuples of (column, value) sorted by column), optionally only
+    one tenant's rows (every catalog table has a tenant column)."""
     out = {}
     for table in tables:
         stmt = SimpleStatement(f"SELECT * FROM {keyspace}.{table}", fetch_size=5000)
-        out[table] = {tuple(sorted(r._asdict().items())) for r in session.execute(stmt)}
+        out[table] = {
+            tuple(sorted(r._asdict().items()))
+            for r in session.execute(stmt)
+            if tenant is None or r.tenant == tenant
+        }
     return out
 
 
@@ -45,8 +52,11 @@ class Diff:
         return "\n".join(lines)
 
 
-def compare(session: Session, keyspace_a: str, keyspace_b: str, tables=TABLES) -> Diff:
-    a, b = dump(session, keyspace_a, tables), dump(session, keyspace_b, tables)
+def compare(
+    session: Session, keyspace_a: str, keyspace_b: str, tables=TABLES, tenant: str | None = None
+) -> Diff:
+    a = dump(session, keyspace_a, tables, tenant)
+    b = dump(session, keyspace_b, tables, tenant)
     diff = Diff()
     for t in tables:
         only_a, only_b = a[t] - b[t], b[t] - a[t]

@@ -45,3 +45,6 @@ class AliasMoved(Payload):
     store_uri: StoreUri
     cause: Literal["promote", "rollback"]
     reason: str = Field("", max_length=1024)
+    requested_by: str = Field(
+        "", max_length=256, description="who asked for the move (the command's requested_by)"
+    )
