@@ -91,6 +91,15 @@ def example_fields(
             "completion_tokens": 1,
             "latency_ms": 20.0,
         },
+        "infer.failed": {
+            "request_id": "req-2",
+            "ref": f"{tenant}/{policy}@prod",
+            "stage": "load",
+            "error": "adapter digest mismatch",
+            "revision": 1,
+            "adapter_digest": DIGEST,
+            "engine_id": "engine-0",
+        },
     }[event_type]
 
 

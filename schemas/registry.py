@@ -21,6 +21,7 @@ from schemas.events import (
     EvalRequested,
     ExportCompleted,
     InferCompleted,
+    InferFailed,
     InferRequested,
     LoadFailed,
     LoadRequested,
@@ -55,6 +56,7 @@ _ALL: tuple[type[Payload], ...] = (
     LoadFailed,
     InferRequested,
     InferCompleted,
+    InferFailed,
 )
 
 PAYLOADS: dict[tuple[str, int], type[Payload]] = {(p.event_type, p.schema_version): p for p in _ALL}

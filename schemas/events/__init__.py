@@ -3,7 +3,7 @@
 from schemas.events.dead_letter import DeadLetter
 from schemas.events.evaluation import EvalCompleted, EvalRequested, Threshold, threshold_failures
 from schemas.events.export import ExportCompleted
-from schemas.events.inference import InferCompleted, InferRequested
+from schemas.events.inference import InferCompleted, InferFailed, InferRequested
 from schemas.events.load import AdapterEvicted, AdapterLoaded, LoadFailed, LoadRequested
 from schemas.events.rollout import RolloutCompleted, RolloutRequested
 from schemas.events.serving import AliasMoved, PromoteCommand, RollbackCommand
@@ -18,6 +18,7 @@ __all__ = [
     "EvalRequested",
     "ExportCompleted",
     "InferCompleted",
+    "InferFailed",
     "InferRequested",
     "LoadFailed",
     "LoadRequested",

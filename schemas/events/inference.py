@@ -39,3 +39,26 @@ class InferCompleted(Payload):
     completion_tokens: int = Field(ge=0)
     latency_ms: float = Field(ge=0.0)
     cold_load: bool = Field(False, description="the adapter was cold-loaded for this request")
+    # Added (optional, backward compatible): what a caller needs to audit and profile a result.
+    alias: str | None = Field(None, max_length=32, description="alias resolved, if one was")
+    token_ids: list[int] = Field(default_factory=list, description="completion token ids")
+    queued_ms: float = Field(0.0, ge=0.0, description="waiting for an engine slot")
+    loading_ms: float = Field(0.0, ge=0.0, description="waiting for the adapter's cold load")
+    generating_ms: float = Field(0.0, ge=0.0, description="inside the engine's generate")
+
+
+class InferFailed(Payload):
+    """The error result of an inference request: every request gets a result, never silence."""
+
+    event_type = "infer.failed"
+    topic = "infer.results"
+
+    request_id: str = Field(pattern=REQUEST_ID_RE)
+    ref: str = Field(max_length=512, description="what was asked, e.g. acme/math@prod")
+    stage: Literal["resolve", "load", "generate"] = Field(description="where it failed")
+    error: str = Field(max_length=4096, description="what failed and what to do")
+    revision: int | None = Field(None, ge=1, description="None: the reference did not resolve")
+    adapter_digest: str | None = Field(None, pattern=r"^sha256:[0-9a-f]{64}$")
+    engine_id: str = Field(max_length=128)
+    retryable: bool = False
+    latency_ms: float = Field(0.0, ge=0.0)
