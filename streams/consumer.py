@@ -22,7 +22,9 @@ Guarantees:
   partition is blocked forever.
 - Records of one partition are handled in order, one at a time.
 
-Topics are registry names (``export.events``); ``raw_topics`` takes broker names instead.
+Topics are registry names (``export.events``); ``raw_topics`` takes broker names instead. Extra
+keyword arguments go to ``KafkaConsumer`` (e.g. ``group_instance_id="projector-0"`` for static
+membership: a restarted instance gets its partitions back without waiting for a rebalance).
 """
 
 from __future__ import annotations
@@ -206,9 +208,16 @@ def run_consumer(
     names = list(topics) if raw_topics else [topic_for(settings, t) for t in topics]
     stop = stop or threading.Event()
     loop = _Loop(settings, group_id, handler, retry or RetryPolicy(), producer, stop)
-    options = {"isolation_level": "read_committed", "client_id": group_id}
+    # 10 s (not kafka-python's 45 s) so a crashed worker's partitions move on soon; a worker
+    # restarted with the same ``group_instance_id`` (static membership) takes them back at once.
+    options = {"isolation_level": "read_committed", "client_id": group_id,
+               "session_timeout_ms": 10_000}  # fmt: skip
     options.update(consumer_options)
-    consumer = make_consumer(settings, *names, group_id=group_id, **options)
+    consumer = make_consumer(settings, group_id=group_id, **options)
+    for name in names:  # metadata first, so the first assignment already sees every partition
+        if not consumer.partitions_for_topic(name):
+            log.warning("topic has no partitions yet; create it with ensure_topics", topic=name)
+    consumer.subscribe(names)
     last_seen = time.monotonic()
     log.info("consumer started", topics=names, group=group_id)
     try:
@@ -217,7 +226,7 @@ def run_consumer(
                 break
             budget = None if max_records is None else max_records - loop.stats.records
             batches = consumer.poll(timeout_ms=200, max_records=budget)
-            if batches:
+            if batches or not consumer.assignment():  # idle time counts once assigned
                 last_seen = time.monotonic()
                 _drain(consumer, loop, batches)
             elif idle_timeout_s is not None and time.monotonic() - last_seen > idle_timeout_s:

@@ -54,6 +54,7 @@ def run_transactional(
     idle_timeout_s: float | None = None,
     output_topic: str | None = None,
     raw_topics: bool = False,
+    group_instance_id: str | None = None,
 ) -> ConsumerStats:
     """Run until ``stop`` is set, ``max_records`` inputs were committed, or idle for
     ``idle_timeout_s``. Poison inputs and inputs whose ``process`` keeps failing are
@@ -95,8 +96,17 @@ def run_transactional(
         settings, transactional_id=transactional_id, client_id=transactional_id
     )
     consumer = make_consumer(
-        settings, *names, group_id=group_id, isolation_level="read_committed", client_id=group_id
+        settings,
+        group_id=group_id,
+        isolation_level="read_committed",
+        client_id=group_id,
+        session_timeout_ms=10_000,
+        # Static membership by transactional id: a restarted instance takes its partitions back.
+        group_instance_id=group_instance_id or transactional_id,
     )
+    for name in names:  # metadata first, so the first assignment already sees every partition
+        consumer.partitions_for_topic(name)
+    consumer.subscribe(names)
     try:
         producer.init_transactions()  # fences and aborts a dead predecessor's open transaction
         last_seen = time.monotonic()
@@ -106,7 +116,9 @@ def run_transactional(
             budget = None if max_records is None else max_records - stats.records
             batches = consumer.poll(timeout_ms=200, max_records=budget)
             if not batches:
-                if idle_timeout_s is not None and time.monotonic() - last_seen > idle_timeout_s:
+                if not consumer.assignment():  # idle time counts once assigned
+                    last_seen = time.monotonic()
+                elif idle_timeout_s is not None and time.monotonic() - last_seen > idle_timeout_s:
                     break
                 continue
             last_seen = time.monotonic()
