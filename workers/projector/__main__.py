@@ -1,0 +1,3 @@
+from workers.projector.main import main
+
+main()

@@ -1,0 +1,97 @@
+"""The projector's consumer wiring: streams' at-least-once loop around ``apply_event``.
+
+Safe under redelivery and restarts: ``catalog.projection.apply_event`` is idempotent on the event
+id, and the loop commits an offset only after the event was applied (or dead-lettered: an event
+the catalog refuses, e.g. an export numbered out of order, lands on the DLQ with the message).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+import structlog
+from cassandra.cluster import Session
+
+from catalog.cluster import connect
+from catalog.exceptions import MigrationError
+from catalog.migrate import applied_versions, load_migrations, migrate
+from catalog.projection import apply_event
+from catalog.repository import CatalogRepository
+from schemas.logs import configure_logging
+from schemas.settings import MintSettings, get_settings
+from streams.consumer import ConsumerStats, RetryPolicy, run_consumer
+
+log = structlog.get_logger()
+
+PROJECTOR_GROUP = "catalog-projector"
+# Exports create revisions, alias.moved facts move aliases; both keyed by policy, so one policy's
+# events reach one projector in order.
+PROJECTOR_TOPICS = ("export.events", "serving.events")
+
+
+def check_schema(session: Session, keyspace: str) -> None:
+    """Refuse to project into a keyspace whose migrations are missing or behind."""
+    want = [m.version for m in load_migrations()]
+    try:
+        have = applied_versions(session, keyspace)
+    except Exception as e:  # driver raises InvalidRequest for a missing keyspace/table
+        raise MigrationError(
+            f"keyspace {keyspace!r} has no catalog schema ({e}): run `mint catalog migrate`"
+        ) from e
+    if have != want:
+        raise MigrationError(
+            f"keyspace {keyspace!r} is at migrations {have}, this build needs {want}: "
+            "run `mint catalog migrate`"
+        )
+
+
+def run_projector(
+    settings: MintSettings,
+    *,
+    stop: threading.Event | None = None,
+    group_id: str = PROJECTOR_GROUP,
+    auto_migrate: bool = False,
+    idle_timeout_s: float | None = None,
+    max_records: int | None = None,
+    retry: RetryPolicy | None = None,
+    **consumer_options: Any,
+) -> ConsumerStats:
+    """Consume the catalog's topics and apply each event until ``stop`` is set."""
+    cluster, session = connect(settings)
+    try:
+        if auto_migrate:
+            migrate(session, settings.keyspace, settings.keyspace_replication)
+        check_schema(session, settings.keyspace)
+        repo = CatalogRepository(session, settings.keyspace)
+        outcomes: dict[str, int] = {}
+
+        def handle(env, record) -> None:
+            outcome = apply_event(repo, env)
+            outcomes[outcome.value] = outcomes.get(outcome.value, 0) + 1
+            log.debug("projected", outcome=outcome.value, topic=record.topic,
+                      offset=record.offset)  # fmt: skip
+
+        consumer_options.setdefault("auto_offset_reset", "earliest")
+        stats = run_consumer(
+            settings, PROJECTOR_TOPICS, group_id, handle, stop=stop, retry=retry,
+            idle_timeout_s=idle_timeout_s, max_records=max_records, **consumer_options,
+        )  # fmt: skip
+        log.info("projector stopped", keyspace=settings.keyspace, **outcomes)
+        return stats
+    finally:
+        cluster.shutdown()
+
+
+def main(auto_migrate: bool = False) -> None:
+    settings = get_settings()
+    configure_logging(settings.log_level, settings.log_format)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    run_projector(settings, stop=stop, auto_migrate=auto_migrate)
+
+
+if __name__ == "__main__":
+    main()
