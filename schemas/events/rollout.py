@@ -23,6 +23,8 @@ class RolloutRequested(Command):
     max_tokens: int = Field(128, ge=1, le=32768)
     temperature: float = Field(1.0, ge=0.0, le=10.0)
     seed: int | None = None
+    # Added (optional, backward compatible): a reward function from the rollout worker's registry.
+    reward: str = Field("length", pattern=r"^[a-z][a-z0-9_]{0,63}$", description="reward by name")
 
     @model_validator(mode="after")
     def _has_prompts(self) -> Self:
