@@ -1,9 +1,11 @@
 """Bulk import of whole policies (migrations from another catalog, benchmarks, test fixtures).
 
 It writes exactly the rows the repository writes, but without lightweight transactions: the
-caller guarantees that nobody else writes these policies meanwhile. One UNLOGGED batch per
-partition (all revisions of a policy, all its digest rows), many requests in flight through
-``execute_concurrent``; run several processes for more throughput.
+caller guarantees that nobody else writes these policies meanwhile. Batches are UNLOGGED and never
+span partition keys: a policy's revisions, digest rows, aliases and history all have the key
+(tenant, policy), so Cassandra applies each batch as one mutation on one replica set; policy rows
+are batched per tenant. Many requests stay in flight through ``execute_concurrent``; run several
+processes for more throughput (the Python driver is CPU-bound).
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from cassandra.query import BatchStatement, BatchType
 from catalog.exceptions import CatalogUnavailable
 from catalog.refs import check_alias, check_digest, check_name
 from catalog.repository import utc
+
+# Statements per UNLOGGED batch: all of one partition key, well under batch_size_fail_threshold.
+_BATCH = 50
 
 
 @dataclass(frozen=True)
@@ -76,13 +81,14 @@ class BulkLoader:
         stmt.consistency_level = ConsistencyLevel.LOCAL_QUORUM
         return stmt
 
-    def _batch(self, stmt, rows: list[tuple]) -> BatchStatement:
+    def _batch(self, rows: list[tuple]) -> BatchStatement:
         batch = BatchStatement(BatchType.UNLOGGED, consistency_level=ConsistencyLevel.LOCAL_QUORUM)
-        for r in rows:
-            batch.add(stmt, r)
+        for stmt, values in rows:
+            batch.add(stmt, values)
         return batch
 
     def _requests(self, policies: Iterable[BulkPolicy], result: BulkResult) -> Iterator[tuple]:
+        by_tenant: dict[str, list[tuple]] = {}
         for bp in policies:
             check_name("tenant", bp.tenant)
             check_name("policy", bp.policy)
@@ -92,24 +98,32 @@ class BulkLoader:
                 self._tenants_seen.add(t)
                 result.rows += 1
                 yield self._tenant, (t, at)
-            yield self._policy, (t, p, bp.base_model, at)
-            revs, digests = [], []
+            # Policy rows share the tenant's partition: batch them per tenant.
+            pending = by_tenant.setdefault(t, [])
+            pending.append((self._policy, (t, p, bp.base_model, at)))
+            if len(pending) >= _BATCH:
+                yield self._batch(pending), None
+                pending.clear()
+            # Every other row of the policy has the partition key (tenant, policy): revisions,
+            # digest index, aliases and history go out as one mutation per batch.
+            rows = []
             for i, (digest, uri) in enumerate(bp.revisions, start=1):
                 check_digest(digest)
-                revs.append((t, p, i, n, digest, uri, bp.base_model, at))
-                digests.append((t, p, digest, i))
-            # One partition per batch: the policy's revisions, then its digest rows.
-            for stmt, rows in ((self._revision, revs), (self._digest, digests)):
-                for k in range(0, len(rows), 100):
-                    yield self._batch(stmt, rows[k : k + 100]), None
+                rows.append((self._revision, (t, p, i, n, digest, uri, bp.base_model, at)))
+                rows.append((self._digest, (t, p, digest, i)))
             for alias, number in bp.aliases.items():
                 check_alias(alias)
                 digest, uri = bp.revisions[number - 1]
-                yield self._alias, (t, p, alias, number, digest, uri, at)
-                yield self._history, (t, p, alias, number, at)
+                rows.append((self._alias, (t, p, alias, number, digest, uri, at)))
+                rows.append((self._history, (t, p, alias, number, at)))
+            for k in range(0, len(rows), _BATCH):
+                yield self._batch(rows[k : k + _BATCH]), None
             result.policies += 1
             result.revisions += n
-            result.rows += 1 + 2 * n + 2 * len(bp.aliases)
+            result.rows += 1 + len(rows)
+        for pending in by_tenant.values():
+            if pending:
+                yield self._batch(pending), None
 
     def load(self, policies: Iterable[BulkPolicy]) -> BulkResult:
         result = BulkResult()
