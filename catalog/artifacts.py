@@ -194,14 +194,18 @@ def inspect_adapter(directory: Path | str) -> AdapterShape:
         raise AdapterShapeMismatch(f"{CONFIG_FILE}: r={rank!r}, expected a positive integer")
     if not isinstance(alpha, int | float) or alpha <= 0:
         raise AdapterShapeMismatch(f"{CONFIG_FILE}: lora_alpha={alpha!r}, expected > 0")
-    if config.get("rank_pattern"):
-        raise AdapterShapeMismatch(
-            f"{CONFIG_FILE}: rank_pattern={config['rank_pattern']!r} is not supported; "
-            "use one rank for every target"
-        )
+    # PEFT writes rank_pattern itself for fused MoE weights (gate+up → 2r); accept the ranks it
+    # names, checked as a set because a fused parameter's key no longer shows its pattern.
+    pattern = config.get("rank_pattern") or {}
+    if not all(isinstance(v, int) and v >= 1 for v in pattern.values()):
+        raise AdapterShapeMismatch(f"{CONFIG_FILE}: rank_pattern={pattern!r} needs ranks >= 1")
+    ranks = sorted({rank, *pattern.values()})
     targets = _as_list(config.get("target_modules"))
     params = _as_list(config.get("target_parameters"))
-    param_modules = {p.rsplit(".", 1)[0] for p in params}
+    # "mlp.experts.gate_up_proj" names its module; a bare "gate_up_proj" (as PEFT's v4→v5 MoE
+    # conversion writes it) may sit in any module, so it is matched by rank alone.
+    param_modules = {p.rsplit(".", 1)[0] for p in params if "." in p}
+    bare_params = any("." not in p for p in params)
     if not targets and not params:
         raise AdapterShapeMismatch(f"{CONFIG_FILE}: no target_modules or target_parameters")
 
@@ -223,12 +227,14 @@ def inspect_adapter(directory: Path | str) -> AdapterShape:
                 module, which = _module_of(key)
                 dim = t.shape[0] if which == "A" else t.shape[-1]
                 matched = next((tm for tm in targets if _matches(module, tm)), None)
-                if matched is not None and dim == rank:
+                if matched is not None and dim in ranks:
                     seen.add(matched)
                     continue
                 pmatch = next((pm for pm in sorted(param_modules) if _matches(module, pm)), None)
-                if pmatch is not None and dim % rank == 0:
+                if pmatch is not None and any(dim % r == 0 for r in ranks):
                     seen.add(pmatch)
+                    continue
+                if matched is None and bare_params and any(dim % r == 0 for r in ranks):
                     continue
                 if matched is None and pmatch is None:
                     raise AdapterShapeMismatch(
@@ -237,7 +243,8 @@ def inspect_adapter(directory: Path | str) -> AdapterShape:
                         "adapter config to list it"
                     )
                 raise AdapterShapeMismatch(
-                    f"tensor {key!r} has rank dimension {dim} but r={rank} in {CONFIG_FILE}; "
+                    f"tensor {key!r} has rank dimension {dim} but r={rank} (ranks {ranks}) in "
+                    f"{CONFIG_FILE}; "
                     "the config and the weights come from different adapters"
                 )
     except SafetensorError as e:

@@ -1,0 +1,122 @@
+"""Optimizer backends: plain torch AdamW (default) and DeepSpeed ZeRO-2.
+
+Both own one policy's trainable LoRA parameters and its optimizer state; the base weights are
+frozen and shared. The trainer computes the loss; a backend turns it into an update.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Protocol
+
+import structlog
+import torch
+
+from workers.trainer.config import TrainerConfig
+from workers.trainer.exceptions import BackendError
+
+log = structlog.get_logger()
+
+
+class Backend(Protocol):
+    def backward_and_step(self, loss: torch.Tensor, lr: float) -> float:
+        """Backpropagate ``loss``, clip, take one AdamW step at ``lr``; return the grad norm."""
+        ...
+
+
+class TorchBackend:
+    def __init__(self, params: list[torch.nn.Parameter], config: TrainerConfig) -> None:
+        self.params = params
+        self.clip = config.grad_clip
+        self.optimizer = torch.optim.AdamW(
+            params, lr=1e-4, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay
+        )
+
+    def backward_and_step(self, loss: torch.Tensor, lr: float) -> float:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+        else:
+            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in self.params]))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+
+_DS_INITIALIZED = False
+
+
+def _init_distributed(port: int) -> None:
+    """One-process gloo group on CPU (NCCL and real ranks come from the launcher on GPUs)."""
+    global _DS_INITIALIZED
+    if _DS_INITIALIZED:
+        return
+    import deepspeed
+
+    for key, value in (
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", str(port)),
+        ("RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("LOCAL_RANK", "0"),
+    ):
+        os.environ.setdefault(key, value)
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    deepspeed.init_distributed(dist_backend=backend)
+    _DS_INITIALIZED = True
+
+
+class DeepSpeedBackend:
+    """ZeRO stage 2 over one policy's LoRA parameters (optimizer states and grads partitioned).
+
+    One DeepSpeed engine per policy, all wrapping the same PEFT model: each engine's optimizer
+    and gradient hooks cover only its policy's parameters, so the base stays a single copy.
+    """
+
+    def __init__(
+        self, module: torch.nn.Module, params: list[torch.nn.Parameter], config: TrainerConfig
+    ) -> None:
+        try:
+            import deepspeed
+        except ImportError as e:
+            raise BackendError(
+                "backend='deepspeed' needs the train extra: pip install 'mint[train]'"
+            ) from e
+        _init_distributed(config.deepspeed_port)
+        ds_config: dict[str, Any] = {
+            "train_micro_batch_size_per_gpu": 1,
+            "gradient_accumulation_steps": 1,
+            "gradient_clipping": config.grad_clip,
+            "zero_optimization": {"stage": 2},
+            "optimizer": {
+                "type": "AdamW",
+                "params": {
+                    "lr": 1e-4,
+                    "betas": list(config.betas),
+                    "eps": config.eps,
+                    "weight_decay": config.weight_decay,
+                    "torch_adam": True,
+                },
+            },
+            "steps_per_print": 10**9,
+            "wall_clock_breakdown": False,
+        }
+        if config.dtype == "bfloat16":
+            ds_config["bf16"] = {"enabled": True}
+        try:
+            self.engine, self.optimizer, _, _ = deepspeed.initialize(
+                model=module, model_parameters=params, config=ds_config
+            )
+        except Exception as e:  # DeepSpeed raises bare Exceptions/asserts on bad setups
+            raise BackendError(f"DeepSpeed ZeRO-2 initialization failed: {e}") from e
+
+    def backward_and_step(self, loss: torch.Tensor, lr: float) -> float:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.engine.backward(loss)
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")

@@ -1,0 +1,330 @@
+"""The multi-policy trainer: one resident base model, many policies' LoRA adapters and optimizers.
+
+PEFT holds every policy as a named adapter on ONE ``PeftModel`` (``add_adapter`` /
+``set_adapter``), so the base weights exist once however many policies train. A lock serializes
+the steps that use the shared model (activate adapter → forward → backward → optimizer step);
+everything else — waiting for rollouts, reading data, exporting files — runs outside it, which
+is how one policy trains while others wait.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from catalog.artifacts import model_fingerprint
+from catalog.store import AdapterStore, StoredAdapter
+from workers.trainer.backends import Backend, DeepSpeedBackend, TorchBackend
+from workers.trainer.config import TrainerConfig
+from workers.trainer.data import Batch, collate
+from workers.trainer.exceptions import BadBatch, PolicyNotLoaded
+from workers.trainer.losses import (
+    group_advantages,
+    policy_gradient_loss,
+    sft_loss,
+    token_logprobs,
+)
+
+log = structlog.get_logger()
+
+
+@dataclass
+class LoraShape:
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
+    target_parameters: list[str] = field(default_factory=list)
+
+    def peft_config(self, base_model: str) -> LoraConfig:
+        return LoraConfig(
+            r=self.rank,
+            lora_alpha=self.alpha,
+            lora_dropout=self.dropout,
+            target_modules=list(self.target_modules) or None,
+            target_parameters=list(self.target_parameters) or None,
+            base_model_name_or_path=base_model,
+            bias="none",
+        )
+
+
+@dataclass
+class PolicyState:
+    """One policy held by the trainer: its adapter name in the PEFT model and its optimizer."""
+
+    policy_id: str
+    adapter: str
+    lora: LoraShape
+    backend: Backend
+    params: list[torch.nn.Parameter]
+    steps: int = 0
+    parent: StoredAdapter | None = None
+    parent_revision: int | None = None
+    losses: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    loss: float
+    tokens: int
+    grad_norm: float
+    metrics: dict[str, float]
+    seconds: float
+
+
+def _adapter_name(policy_id: str) -> str:
+    # PEFT adapter names become attribute keys: no '/' or '.'.
+    return "p_" + re.sub(r"[^A-Za-z0-9_]", "_", policy_id)
+
+
+class MultiPolicyTrainer:
+    """Train many policies' LoRA adapters over one resident base model."""
+
+    def __init__(self, config: TrainerConfig, store: AdapterStore | None = None) -> None:
+        self.config = config
+        self.store = store
+        if config.torch_threads:
+            torch.set_num_threads(config.torch_threads)
+        dtype = getattr(torch, config.dtype)
+        self.tokenizer = AutoTokenizer.from_pretrained(config.base_model)
+        self.base = AutoModelForCausalLM.from_pretrained(config.base_model, dtype=dtype)
+        self.base.requires_grad_(False)
+        self.base.config.use_cache = False
+        self.fingerprint = model_fingerprint(config.base_model)
+        self.model: PeftModel | None = None
+        self.policies: OrderedDict[str, PolicyState] = OrderedDict()
+        self.lock = threading.RLock()  # guards the shared model: active adapter, fwd/bwd/step
+        log.info("trainer_ready", base_model=config.base_model, backend=config.backend,
+                 fingerprint=self.fingerprint)  # fmt: skip
+
+    # Policies.
+
+    def base_parameter_ptrs(self) -> set[int]:
+        """Storage addresses of the base weights (tests check no copy appears)."""
+        return {p.data_ptr() for n, p in self.base.named_parameters() if "lora_" not in n}
+
+    def add_policy(
+        self,
+        policy_id: str,
+        lora: LoraShape | None = None,
+        parent: StoredAdapter | None = None,
+        parent_revision: int | None = None,
+        seed: int | None = None,
+    ) -> PolicyState:
+        """Create (or, with ``parent``, resume from a stored revision) a policy's adapter."""
+        with self.lock:
+            if policy_id in self.policies:
+                self.policies.move_to_end(policy_id)
+                return self.policies[policy_id]
+            while len(self.policies) >= self.config.max_policies:
+                self.remove_policy(next(iter(self.policies)))
+            name = _adapter_name(policy_id)
+            if parent is not None:
+                m = parent.manifest
+                lora = LoraShape(m.rank, m.lora_alpha, 0.0, m.target_modules, m.target_parameters)
+            lora = lora or LoraShape()
+            if seed is not None:
+                torch.manual_seed(seed)  # LoRA A init is random: a seed makes runs repeatable
+            if parent is not None:
+                if self.model is None:
+                    self.model = PeftModel.from_pretrained(
+                        self.base, str(parent.path), adapter_name=name, is_trainable=True
+                    )
+                else:
+                    self.model.load_adapter(str(parent.path), adapter_name=name, is_trainable=True)
+            elif self.model is None:
+                self.model = get_peft_model(
+                    self.base, lora.peft_config(self.config.base_model), adapter_name=name
+                )
+            else:
+                self.model.add_adapter(name, lora.peft_config(self.config.base_model))
+            self.model.set_adapter(name)
+            params = [p for n, p in self.model.named_parameters() if f".{name}." in n]
+            for p in params:
+                p.requires_grad_(True)
+            if self.config.backend == "deepspeed":
+                backend: Backend = DeepSpeedBackend(self.model, params, self.config)
+            else:
+                backend = TorchBackend(params, self.config)
+            state = PolicyState(policy_id, name, lora, backend, params, parent=parent,
+                                parent_revision=parent_revision)  # fmt: skip
+            self.policies[policy_id] = state
+            log.info("policy_added", policy=policy_id, adapter=name, rank=lora.rank,
+                     trainable=sum(p.numel() for p in params),
+                     parent=parent.digest if parent else None)  # fmt: skip
+            return state
+
+    def remove_policy(self, policy_id: str) -> None:
+        with self.lock:
+            state = self.policies.pop(policy_id)
+            assert self.model is not None
+            self.model.delete_adapter(state.adapter)
+            log.info("policy_removed", policy=policy_id)
+
+    def policy(self, policy_id: str) -> PolicyState:
+        try:
+            return self.policies[policy_id]
+        except KeyError:
+            raise PolicyNotLoaded(
+                f"policy {policy_id!r} is not loaded in this trainer (holding "
+                f"{list(self.policies)}); call add_policy first"
+            ) from None
+
+    def activate(self, policy_id: str) -> PolicyState:
+        """Make ``policy_id``'s adapter the active one (caller holds the lock)."""
+        state = self.policy(policy_id)
+        assert self.model is not None
+        if self.model.active_adapter != state.adapter:
+            self.model.set_adapter(state.adapter)
+        return state
+
+    # Forward passes.
+
+    def logits(self, policy_id: str, input_ids: torch.Tensor, attention_mask=None) -> torch.Tensor:
+        with self.lock, torch.no_grad():
+            self.activate(policy_id)
+            return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+    def _logprobs(self, batch: Batch) -> torch.Tensor:
+        out = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+        return token_logprobs(out.logits, batch.input_ids)
+
+    # Steps.
+
+    def sft_step(self, policy_id: str, batch: Batch, lr: float) -> StepResult:
+        return self._step(policy_id, batch, lr, objective="sft")
+
+    def rl_step(self, policy_id: str, batch: Batch, lr: float) -> StepResult:
+        if batch.rewards is None or batch.groups is None:
+            raise BadBatch("an RL step needs rollouts with reward and group")
+        return self._step(policy_id, batch, lr, objective="rl")
+
+    def _step(self, policy_id: str, batch: Batch, lr: float, objective: str) -> StepResult:
+        t0 = time.perf_counter()
+        with self.lock:
+            state = self.activate(policy_id)
+            self.model.train()
+            logprobs = self._logprobs(batch)
+            metrics: dict[str, float] = {}
+            if objective == "sft":
+                loss = sft_loss(logprobs, batch.loss_mask)
+            else:
+                cfg = self.config.loss
+                adv = group_advantages(batch.rewards, batch.groups, cfg.normalize_std)
+                old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
+                loss, metrics = policy_gradient_loss(
+                    logprobs, old, adv, batch.loss_mask, cfg.rl_loss, cfg.clip_eps
+                )
+                metrics["reward_mean"] = float(batch.rewards.mean())
+            if not torch.isfinite(loss):
+                raise BadBatch(f"{objective} loss is {float(loss)} for policy {policy_id!r}; "
+                               "check rewards and logprobs for NaN/Inf")  # fmt: skip
+            grad_norm = state.backend.backward_and_step(loss, lr)
+            self.model.eval()
+            state.steps += 1
+            loss_value = float(loss.detach())
+            state.losses.append(loss_value)
+        return StepResult(loss_value, batch.tokens, grad_norm, metrics, time.perf_counter() - t0)
+
+    def collate(self, examples: list, add_eos: bool = True) -> Batch:
+        return collate(self.tokenizer, examples, self.config.max_seq_len, add_eos=add_eos)
+
+    # Sampling (tests, toy RL and the benchmark; production rollouts come from vLLM workers).
+
+    def sample(
+        self,
+        policy_id: str,
+        prompts: list[str],
+        n: int,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """``n`` samples per prompt with each sampled token's logprob under the policy."""
+        rows = []
+        with self.lock, torch.no_grad():
+            self.activate(policy_id)
+            gen = torch.Generator().manual_seed(seed) if seed is not None else None
+            for gi, prompt in enumerate(prompts):
+                ids = torch.tensor([self.tokenizer(prompt).input_ids] * n)
+                tokens = []
+                cur = ids
+                past = None
+                logps = []
+                for _ in range(max_new_tokens):
+                    out = self.model(input_ids=cur if past is None else cur[:, -1:],
+                                     past_key_values=past, use_cache=True)  # fmt: skip
+                    past = out.past_key_values
+                    logits = out.logits[:, -1].float() / temperature
+                    probs = torch.softmax(logits, dim=-1)
+                    nxt = torch.multinomial(probs, 1, generator=gen)
+                    logps.append(torch.log_softmax(logits, -1).gather(-1, nxt))
+                    tokens.append(nxt)
+                    cur = torch.cat([cur, nxt], dim=1)
+                comp = torch.cat(tokens, dim=1)
+                lp = torch.cat(logps, dim=1)
+                for j in range(n):
+                    rows.append({
+                        "prompt": prompt,
+                        "prompt_ids": ids[j].tolist(),
+                        "completion_ids": comp[j].tolist(),
+                        "logprobs": lp[j].tolist(),
+                        "group": gi,
+                    })  # fmt: skip
+        return rows
+
+    # Export.
+
+    def write_adapter(self, policy_id: str, out: Path) -> Path:
+        """Write the policy's adapter as a stock PEFT directory (no adapter-name subfolder)."""
+        with self.lock:
+            state = self.policy(policy_id)
+            sd = get_peft_model_state_dict(self.model, adapter_name=state.adapter)
+            tensors = {k: v.detach().to(torch.float32).contiguous().clone() for k, v in sd.items()}
+            config = self.model.peft_config[state.adapter]
+        out.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+        inference = config.inference_mode
+        config.inference_mode = True  # what PEFT writes on save; loaders expect it
+        try:
+            config.save_pretrained(str(out))
+        finally:
+            config.inference_mode = inference
+        return out
+
+    def export(self, policy_id: str, tenant: str, policy: str,
+               training: dict[str, Any] | None = None) -> StoredAdapter:  # fmt: skip
+        """Store the policy's current adapter as a new revision; it becomes the next parent."""
+        if self.store is None:
+            raise PolicyNotLoaded("this trainer has no adapter store; pass store= to export")
+        state = self.policy(policy_id)
+        tmp = Path(tempfile.mkdtemp(prefix="mint-export-"))
+        try:
+            self.write_adapter(policy_id, tmp)
+            stored = self.store.put(
+                tmp,
+                tenant=tenant,
+                policy=policy,
+                base_model=self.config.base_model,
+                base_model_fingerprint=self.fingerprint,
+                parent=state.parent,
+                parent_revision=state.parent_revision,
+                training={"steps_total": state.steps, **(training or {})},
+            )
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        state.parent = stored
+        return stored

@@ -1,0 +1,22 @@
+"""Trainer errors: a base class and categories that also inherit the stdlib error they replace."""
+
+from __future__ import annotations
+
+
+class TrainerError(Exception):
+    """Base of every trainer error."""
+
+
+class PolicyNotLoaded(TrainerError, KeyError):
+    """A step or export named a policy the trainer does not hold."""
+
+    def __str__(self) -> str:  # KeyError would print the message in quotes
+        return str(self.args[0])
+
+
+class BadBatch(TrainerError, ValueError):
+    """Training data that cannot be used (empty, wrong fields, ragged logprobs)."""
+
+
+class BackendError(TrainerError, RuntimeError):
+    """The training backend (torch or DeepSpeed) could not be set up or failed a step."""
