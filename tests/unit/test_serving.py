@@ -161,9 +161,10 @@ def test_working_set_lru_pins_and_counters(store, tmp_path) -> None:
     assert (c["hits"], c["misses"], c["loads"], c["evictions"]) == (2, 4, 4, 1)
     ws.ensure(refs[2])  # back from the local disk cache, not the store
     assert ws.counters.disk_hits >= 1 and ws.counters.disk_fetches == 4
-    ws.used_in_batch([refs[0].digest, refs[2].digest])
+    ws.used_in_batch([refs[3].digest, refs[2].digest])  # ensure(2) evicted 0, the LRU one
     tiers = {row["digest"]: row["tier"] for row in ws.list()}
-    assert tiers[refs[0].digest] == "gpu" and tiers[refs[1].digest] == "cpu"
+    assert tiers[refs[3].digest] == "gpu" and tiers[refs[1].digest] == "cpu"
+    assert tiers[refs[0].digest] == "disk"
     # All slots pinned: a clear refusal, not a silent eviction of a pinned adapter.
     full = make_ws(store, tmp_path / "b", FakeEngine(), max_cpu_loras=2)
     full.pin(refs[0])
