@@ -38,6 +38,8 @@ log = structlog.get_logger()
 
 def make_app(settings: MintSettings, app_id: str, **overrides: Any) -> faust.App:
     """A faust app whose id (and so consumer group and changelog names) carries the prefix."""
+    datadir = settings.state_dir / "faust" / f"{settings.topic_prefix}.{app_id}"
+    datadir.parent.mkdir(parents=True, exist_ok=True)  # faust makes only the last level
     options: dict[str, Any] = {
         "broker": [f"kafka://{s.strip()}" for s in settings.kafka_bootstrap.split(",")],
         "store": "memory://",
@@ -46,7 +48,7 @@ def make_app(settings: MintSettings, app_id: str, **overrides: Any) -> faust.App
         "producer_acks": -1,
         "consumer_auto_offset_reset": "earliest",
         "web_enabled": False,
-        "datadir": str(settings.state_dir / "faust" / f"{settings.topic_prefix}.{app_id}"),
+        "datadir": str(datadir),
     }
     options.update(overrides)
     return faust.App(f"{settings.topic_prefix}.{app_id}", **options)

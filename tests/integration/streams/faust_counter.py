@@ -1,5 +1,5 @@
 """A faust worker for tests: counts promote commands per policy in a table and reports each
-count on ``<prefix>.test.counts``. Run: ``python faust_counter.py worker -l warning``."""
+count on ``<prefix>.test.counts``. Run: ``python faust_counter.py worker -l warn``."""
 
 from __future__ import annotations
 
