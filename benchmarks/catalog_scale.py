@@ -29,6 +29,7 @@ from catalog.bulk import BulkLoader, BulkPolicy
 from catalog.cluster import connect
 from catalog.migrate import migrate
 from catalog.repository import CatalogRepository
+from schemas.logs import configure_logging
 from schemas.settings import MintSettings
 
 TENANTS = 100
@@ -105,23 +106,30 @@ def time_resolves(repo: CatalogRepository, refs: list[str]) -> dict:
             "max_ms": round(max(lat), 3), "n": len(lat)}  # fmt: skip
 
 
-def disk_bytes(session, settings: MintSettings, keyspace: str, tables: list[str]) -> dict:
-    """Flush (memtable_flush_period_in_ms) and measure the keyspace's sstables on disk."""
+def settle(session, settings: MintSettings, keyspace: str, tables: list[str]) -> dict:
+    """Flush the memtables (memtable_flush_period_in_ms) and wait until flushes and compactions
+    are done, so that reads hit sstables and the disk figure is final; then measure it."""
     for t in tables:
         session.execute(f"ALTER TABLE {keyspace}.{t} WITH memtable_flush_period_in_ms = 1000")
     local = settings.state_dir / "cassandra" / "data" / keyspace
-    sizes, stable, deadline = [], 0, time.monotonic() + 90
-    while time.monotonic() < deadline and stable < 4:
-        time.sleep(1.5)
+    t0 = time.monotonic()
+    last, stable = None, 0
+    while time.monotonic() - t0 < 180 and stable < 3:
+        time.sleep(1.0)
+        busy = session.execute(
+            "SELECT task_id FROM system_views.sstable_tasks WHERE keyspace_name = %s "
+            "ALLOW FILTERING", (keyspace,)).one() is not None  # fmt: skip
         size = _du(local) if local.exists() else None
-        mib = sum(r.mebibytes for r in session.execute(
-            "SELECT mebibytes FROM system_views.disk_usage WHERE keyspace_name = %s ALLOW FILTERING",
-            (keyspace,)))  # fmt: skip
-        sizes.append((size, mib))
-        stable = stable + 1 if len(sizes) > 1 and sizes[-1] == sizes[-2] else 0
-    size, mib = sizes[-1]
-    return {"bytes_on_disk": size if size is not None else mib * 2**20, "disk_usage_mib": mib,
-            "measured_by": "du of the data dir" if size is not None else "system_views"}  # fmt: skip
+        stable = stable + 1 if not busy and size == last else 0
+        last = size
+    for t in tables:
+        session.execute(f"ALTER TABLE {keyspace}.{t} WITH memtable_flush_period_in_ms = 0")
+    mib = sum(r.mebibytes for r in session.execute(
+        "SELECT mebibytes FROM system_views.disk_usage WHERE keyspace_name = %s ALLOW FILTERING",
+        (keyspace,)))  # fmt: skip
+    return {"bytes_on_disk": last if last is not None else mib * 2**20, "disk_usage_mib": mib,
+            "disk_measured_by": "du of the data dir" if last is not None else "system_views",
+            "settle_seconds": round(time.monotonic() - t0, 1)}  # fmt: skip
 
 
 def _du(path: Path) -> int:
@@ -141,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.policies, args.lookups = 1_000, 1_000
     settings = MintSettings()
+    configure_logging(settings.log_level, "console")  # logs to stderr; stdout is the JSON line
     keyspace = f"bench_catalog_{uuid.uuid4().hex[:8]}"
     cluster, session = connect(settings)
     try:
@@ -153,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
         revisions = sum(p["revisions"] for p in parts)
         rows = sum(p["rows"] for p in parts)
 
+        disk = settle(session, settings, keyspace,
+                      ["revisions", "revisions_by_digest", "policies", "aliases",
+                       "alias_history", "tenants"])  # fmt: skip
         repo = CatalogRepository(session, keyspace)
         rng = random.Random(7)
         picks = [rng.randrange(args.policies) for _ in range(args.lookups)]
@@ -163,12 +175,11 @@ def main(argv: list[str] | None = None) -> int:
         assert check.revision == args.revisions and check.digest == digest(picks[0], args.revisions)
         by_alias = time_resolves(repo, alias_refs)
         by_number = time_resolves(repo, number_refs)
-        disk = disk_bytes(session, settings, keyspace,
-                          ["revisions", "revisions_by_digest", "policies", "aliases",
-                           "alias_history", "tenants"])  # fmt: skip
         result = {
             "benchmark": "catalog_scale",
             "smoke": args.smoke,
+            "keyspace": keyspace,
+            "keyspace_dropped": not args.keep,
             "policies": args.policies,
             "revisions": revisions,
             "rows_written": rows,
