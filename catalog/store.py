@@ -13,6 +13,7 @@ and readers treating a directory without a valid manifest as absent.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import uuid
@@ -212,6 +213,33 @@ class AdapterStore:
                 "an engine with that base model"
             )
         return StoredAdapter(digest=digest, uri=path.as_uri(), path=path, manifest=manifest)
+
+    # Request records: which revision an update request produced (the trainer's idempotency).
+
+    def _request_path(self, tenant: str, policy: str, request_id: str) -> Path:
+        if not request_id.replace("-", "").isalnum():
+            raise InvalidReference(f"request id {request_id!r} must be a UUID or alphanumeric")
+        return self.root / tenant / policy / "requests" / f"{request_id}.json"
+
+    def record_request(self, tenant: str, policy: str, request_id: str, result: dict) -> None:
+        """Write (atomically, once) what request ``request_id`` produced; first writer wins."""
+        path = self._request_path(tenant, policy, request_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+        tmp.write_text(json.dumps(result, sort_keys=True, default=str))
+        with tmp.open("rb+") as f:
+            os.fsync(f.fileno())
+        if path.exists():
+            tmp.unlink()
+            return
+        os.rename(tmp, path)
+
+    def find_request(self, tenant: str, policy: str, request_id: str) -> dict | None:
+        path = self._request_path(tenant, policy, request_id)
+        try:
+            return json.loads(path.read_text())
+        except FileNotFoundError:
+            return None
 
     def list(self, tenant: str, policy: str) -> list[str]:
         """Digests stored for one policy (unverified: open one to verify it)."""

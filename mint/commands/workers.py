@@ -20,4 +20,29 @@ def projector(auto_migrate: bool) -> None:
     main(auto_migrate=auto_migrate)
 
 
+@worker.command("trainer")
+@click.option(
+    "--base-model", default=None, help="Model folder to keep resident (default: MINT_BASE_MODEL)."
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["torch", "deepspeed"]),
+    default="torch",
+    show_default=True,
+    help="Optimizer backend: plain torch AdamW or DeepSpeed ZeRO-2.",
+)
+@click.option(
+    "--consumers",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Consumer threads sharing the one resident base (policies train while others wait).",
+)
+def trainer(base_model: str | None, backend: str, consumers: int) -> None:  # fmt: skip
+    """Train LoRA updates from update.requests; export, register and announce revisions."""
+    from workers.trainer.worker import main
+
+    main(base_model=base_model, backend=backend, consumers=consumers)
+
+
 COMMANDS: list[click.Command] = [worker]

@@ -263,3 +263,13 @@ def test_model_fingerprint_is_stable_and_content_derived(tmp_path):
     (tmp_path / "d" / "pytorch_model.bin").write_bytes(b"pickle")
     with pytest.raises(UnsafeWeightsFormat, match="no \\*.safetensors weights"):
         model_fingerprint(tmp_path / "d")
+
+
+def test_request_records_are_written_once(store):
+    rid = "6f1c2d3e-0000-4000-8000-000000000001"
+    assert store.find_request("acme", "math-rl", rid) is None
+    store.record_request("acme", "math-rl", rid, {"revision": 2, "digest": FP})
+    store.record_request("acme", "math-rl", rid, {"revision": 3, "digest": OTHER_FP})
+    assert store.find_request("acme", "math-rl", rid) == {"revision": 2, "digest": FP}
+    with pytest.raises(InvalidReference, match="must be a UUID"):
+        store.find_request("acme", "math-rl", "../../etc")

@@ -1,0 +1,99 @@
+"""The trainer worker on real Kafka and Cassandra: update requests in, revisions and events out,
+idempotent under redelivery."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+from catalog.repository import CatalogRepository
+from catalog.store import AdapterStore
+from schemas import make_event
+from schemas.events import LoraSpec, UpdateRequested
+from streams.consumer import RetryPolicy, run_consumer
+from streams.producer import EventProducer
+from workers.projector import run_projector
+from workers.trainer import TrainerConfig
+from workers.trainer.worker import derived_id, run_trainer
+
+TENANT, POLICY = "acme", "math-sft"
+
+
+def write_data(settings, name: str, rows: list[dict]) -> str:
+    path = Path(settings.adapter_store_root) / TENANT / POLICY / "data" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path.as_uri()
+
+
+def request(base: Path, data_uri: str, parent: int | None, objective: str = "sft"):
+    payload = UpdateRequested(
+        base_model=str(base), parent_revision=parent, objective=objective, data_uri=data_uri,
+        steps=3, batch_size=4, learning_rate=1e-2, seed=0,
+        lora=LoraSpec(rank=8, alpha=16, target_modules=["q_proj", "v_proj"]),
+    )  # fmt: skip
+    return make_event(payload, tenant=TENANT, policy=POLICY, producer="sdk/test")
+
+
+def read_events(settings, topic: str) -> list:
+    seen = []
+    run_consumer(settings, [topic], f"reader-{uuid.uuid4().hex[:6]}",
+                 lambda env, rec: seen.append(env), idle_timeout_s=3,
+                 auto_offset_reset="earliest")  # fmt: skip
+    return seen
+
+
+def test_updates_export_register_and_redelivery_returns_the_same_revision(
+    settings, live, tiny_llama: Path
+):
+    sft = write_data(settings, "sft.jsonl", [
+        {"prompt": f"question: {i} plus {i} equals? answer:", "completion": f" {2 * i}"}
+        for i in range(8)
+    ])  # fmt: skip
+    rl = write_data(settings, "rl.jsonl", [
+        {"prompt": "hello", "completion": f" world {i}", "reward": float(i % 2), "group": i // 4}
+        for i in range(8)
+    ])  # fmt: skip
+    first = request(tiny_llama, sft, None)
+    second = request(tiny_llama, rl, 1, objective="rl")
+    with EventProducer(settings) as producer:
+        # The first request arrives three times (at-least-once redelivery), then the next one.
+        producer.publish_many([first, first, second, first])
+    config = TrainerConfig(base_model=str(tiny_llama))
+    stats = run_trainer(settings, config, idle_timeout_s=4, max_records=4,
+                        retry=RetryPolicy(max_attempts=1))  # fmt: skip
+    assert sum(s.handled for s in stats) == 4 and sum(s.dead_lettered for s in stats) == 0
+
+    repo = CatalogRepository(live, settings.keyspace)
+    revisions = list(repo.iter_revisions(TENANT, POLICY))
+    assert [r.revision for r in revisions] == [2, 1]
+    assert revisions[0].parent_revision == 1
+
+    exports = read_events(settings, "export.events")
+    updates = read_events(settings, "update.results")
+    # Every delivery of `first` re-published the very same export event (same id, revision).
+    by_id = {}
+    for env in exports:
+        by_id.setdefault(env.event_id, set()).add(
+            (env.payload.revision, env.payload.adapter_digest)
+        )
+    assert len(exports) == 4 and len(by_id) == 2
+    assert by_id[derived_id(first.event_id, "export")] == {(1, revisions[1].digest)}
+    assert by_id[derived_id(second.event_id, "export")] == {(2, revisions[0].digest)}
+    assert {e.event_id for e in updates} == {derived_id(first.event_id, "update"),
+                                             derived_id(second.event_id, "update")}  # fmt: skip
+    assert all(e.causation_id in (first.event_id, second.event_id) for e in exports + updates)
+
+    # The exported revisions verify in the store against the base's fingerprint.
+    store = AdapterStore.from_settings(settings)
+    for rev in revisions:
+        stored = store.open(rev.store_uri)
+        assert stored.digest == rev.digest
+    record = store.find_request(TENANT, POLICY, str(first.event_id))
+    assert record["revision"] == 1 and record["loss"] < record["first_loss"]
+
+    # The projector applies the trainer's export events to the same catalog without conflict.
+    projected = run_projector(settings, idle_timeout_s=3, max_records=4)
+    assert projected.handled == 4 and projected.dead_lettered == 0
+    assert [r.revision for r in repo.iter_revisions(TENANT, POLICY)] == [2, 1]

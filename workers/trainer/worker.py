@@ -1,0 +1,280 @@
+"""The trainer worker: consume ``update.requested``, train, export, register, announce.
+
+For each request (one policy, keyed by policy so one policy's updates arrive in order):
+
+1. If the store holds a record for this request id, it was done before: re-publish the same
+   events (their ids derive from the request id, so consumers dedupe) and stop. A redelivered
+   request therefore returns the same revision and trains nothing twice.
+2. Make sure the policy is held (fresh LoRA, or resumed from ``parent_revision`` through the
+   catalog and the verified store) and that it sits on this trainer's base model.
+3. Run ``steps`` optimizer steps (SFT cross-entropy or GRPO) over the claim-checked data.
+4. Export a revision to the store, register it in the catalog (idempotent by digest and by the
+   request id), publish ``export.completed`` then ``update.completed``, record the request.
+
+Several consumer threads may share one trainer (``consumers``): each is a group member with its
+own partitions, and while one waits on I/O another trains on the same resident base.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+import structlog
+
+from catalog.exceptions import PolicyNotFound
+from catalog.repository import CatalogRepository
+from catalog.store import AdapterStore, StoredAdapter
+from schemas import Envelope, make_event
+from schemas.events import ExportCompleted, UpdateCompleted, UpdateRequested
+from schemas.settings import MintSettings
+from streams.consumer import ConsumerStats, RetryPolicy, run_consumer
+from streams.producer import EventProducer
+from workers.trainer.config import TrainerConfig
+from workers.trainer.data import parse_examples, read_jsonl
+from workers.trainer.engine import LoraShape, MultiPolicyTrainer
+from workers.trainer.exceptions import BadBatch
+
+log = structlog.get_logger()
+
+TRAINER_GROUP = "trainer"
+TRAINER_TOPICS = ("update.requests",)
+_EVENT_NS = uuid.UUID("0d7f3a52-8b1e-4c55-a0d6-2f9e61b4c7a3")
+
+
+def derived_id(request_id: uuid.UUID, what: str) -> uuid.UUID:
+    """Event ids that follow from the request: a re-run publishes the very same events."""
+    return uuid.uuid5(_EVENT_NS, f"{request_id}:{what}")
+
+
+class TrainerService:
+    """Handles update requests against one trainer, one store, one catalog and one producer."""
+
+    def __init__(
+        self,
+        trainer: MultiPolicyTrainer,
+        store: AdapterStore,
+        repo: CatalogRepository,
+        producer: EventProducer,
+        name: str | None = None,
+    ) -> None:
+        self.trainer, self.store, self.repo, self.producer = trainer, store, repo, producer
+        self.name = name or f"trainer/{socket.gethostname()}"
+        # One policy's requests are handled one at a time even across consumer threads.
+        self._policy_locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    def _policy_lock(self, policy_id: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._policy_locks.setdefault(policy_id, threading.Lock())
+
+    def handle(self, env: Envelope[Any], record: Any = None) -> dict[str, Any] | None:
+        """Consumer-loop handler; returns the request's result record (None: not an update)."""
+        if not isinstance(env.payload, UpdateRequested):
+            return None
+        with self._policy_lock(env.policy_id):
+            done = self.store.find_request(env.tenant, env.policy, str(env.event_id))
+            if done is not None:
+                log.info("update_redelivered", request=str(env.event_id),
+                         revision=done.get("revision"))  # fmt: skip
+                self._publish(env, done)
+                return done
+            result = self._run(env)
+            self._publish(env, result)
+            self.store.record_request(env.tenant, env.policy, str(env.event_id), result)
+            return result
+
+    # The work.
+
+    def _check_base(self, p: UpdateRequested) -> None:
+        if p.base_model != self.trainer.config.base_model:
+            raise BadBatch(
+                f"base_model={p.base_model!r} but this trainer holds "
+                f"{self.trainer.config.base_model!r}; route the request to a trainer of that "
+                "base model (one consumer group per base)"
+            )
+
+    def _ensure_policy(self, env: Envelope[Any], p: UpdateRequested) -> None:
+        pid = env.policy_id
+        held = self.trainer.policies.get(pid)
+        if held is not None and held.parent_revision == p.parent_revision:
+            return
+        if held is not None:
+            # Our copy is at another revision (another trainer moved the policy on): reload.
+            self.trainer.remove_policy(pid)
+        if p.parent_revision is None:
+            lora = LoraShape(p.lora.rank, p.lora.alpha, p.lora.dropout,
+                             list(p.lora.target_modules), list(p.lora.target_parameters))  # fmt: skip
+            self.trainer.add_policy(pid, lora, seed=p.seed)
+            return
+        parent = self._open_revision(env.tenant, env.policy, p.parent_revision)
+        self.trainer.add_policy(pid, parent=parent, parent_revision=p.parent_revision)
+
+    def _open_revision(self, tenant: str, policy: str, revision: int) -> StoredAdapter:
+        rev = self.repo.get_revision(tenant, policy, revision)
+        return self.store.open(rev.store_uri, base_model_fingerprint=self.trainer.fingerprint)
+
+    def _run(self, env: Envelope[Any]) -> dict[str, Any]:
+        p: UpdateRequested = env.payload
+        t0 = time.perf_counter()
+        self._check_base(p)
+        try:
+            self.repo.get_policy(env.tenant, env.policy)
+        except PolicyNotFound:
+            self.repo.create_policy(env.tenant, env.policy, p.base_model, by=self.name)
+        examples = parse_examples(read_jsonl(p.data_uri), p.objective)
+        if not examples:
+            raise BadBatch(f"data_uri {p.data_uri} holds no examples")
+        self._ensure_policy(env, p)
+        pid = env.policy_id
+        losses, metrics = [], {}
+        for step in range(p.steps):
+            start = (step * p.batch_size) % len(examples)
+            chunk = (examples + examples)[start : start + min(p.batch_size, len(examples))]
+            batch = self.trainer.collate(chunk, add_eos=p.objective == "sft")
+            if p.objective == "sft":
+                result = self.trainer.sft_step(pid, batch, p.learning_rate)
+            else:
+                result = self.trainer.rl_step(pid, batch, p.learning_rate)
+            losses.append(result.loss)
+            metrics = {**result.metrics, "grad_norm": result.grad_norm, "tokens": result.tokens}
+        out: dict[str, Any] = {
+            "request_id": str(env.event_id),
+            "parent_revision": p.parent_revision,
+            "steps": p.steps,
+            "loss": losses[-1],
+            "first_loss": losses[0],
+            "metrics": {k: float(v) for k, v in metrics.items()},
+            "exported": p.export,
+        }
+        if p.export:
+            out.update(self._export(env, p, losses))
+        out["duration_s"] = time.perf_counter() - t0
+        return out
+
+    def _export(self, env: Envelope[Any], p: UpdateRequested, losses: list[float]) -> dict:
+        pid = env.policy_id
+        stored = self.trainer.export(pid, env.tenant, env.policy, training={
+            "objective": p.objective, "steps": p.steps, "loss": losses[-1],
+            "learning_rate": p.learning_rate, "request_id": str(env.event_id),
+        })  # fmt: skip
+        rev = self.repo.register_revision(
+            env.tenant, env.policy, digest=stored.digest, store_uri=stored.uri,
+            base_model=p.base_model, parent_revision=p.parent_revision,
+            metadata={"rank": stored.manifest.rank, "size_bytes": stored.size_bytes,
+                      "base_model_fingerprint": self.trainer.fingerprint},
+            source_event_id=env.event_id, by=self.name,
+        )  # fmt: skip
+        state = self.trainer.policy(pid)
+        if rev.digest != stored.digest:
+            # This request registered a revision before (crash before the request record):
+            # that revision is the answer, and our copy must continue from it, not from ours.
+            log.warning("update_already_registered", request=str(env.event_id),
+                        revision=rev.revision)  # fmt: skip
+            self.trainer.remove_policy(pid)
+            stored = self.store.open(rev.store_uri, base_model_fingerprint=self.trainer.fingerprint)
+            state = self.trainer.add_policy(pid, parent=stored, parent_revision=rev.revision)
+        state.parent, state.parent_revision = stored, rev.revision
+        m = stored.manifest
+        return {
+            "revision": rev.revision,
+            "digest": stored.digest,
+            "store_uri": stored.uri,
+            "size_bytes": stored.size_bytes,
+            "rank": m.rank,
+            "lora_alpha": m.lora_alpha,
+            "target_modules": m.target_modules,
+            "target_parameters": m.target_parameters,
+            "base_model": p.base_model,
+            "base_model_fingerprint": m.base_model_fingerprint,
+        }
+
+    def _publish(self, env: Envelope[Any], r: dict[str, Any]) -> None:
+        events = []
+        if r.get("exported") and r.get("revision") is not None:
+            export = ExportCompleted(
+                revision=r["revision"], adapter_digest=r["digest"], store_uri=r["store_uri"],
+                size_bytes=r["size_bytes"], rank=r["rank"], lora_alpha=r["lora_alpha"],
+                target_modules=r["target_modules"], target_parameters=r["target_parameters"],
+                base_model=r["base_model"], base_model_fingerprint=r["base_model_fingerprint"],
+                parent_revision=r["parent_revision"],
+            )  # fmt: skip
+            events.append(make_event(export, tenant=env.tenant, policy=env.policy,
+                                     producer=self.name, caused_by=env,
+                                     event_id=derived_id(env.event_id, "export")))  # fmt: skip
+        done = UpdateCompleted(
+            parent_revision=r["parent_revision"], steps=r["steps"], loss=r["loss"],
+            metrics={**r["metrics"], "first_loss": r["first_loss"]},
+            duration_s=r.get("duration_s", 0.0), exported=bool(r.get("revision")),
+        )  # fmt: skip
+        events.append(make_event(done, tenant=env.tenant, policy=env.policy, producer=self.name,
+                                 caused_by=env, event_id=derived_id(env.event_id, "update")))  # fmt: skip
+        self.producer.publish_many(events)
+
+
+def run_trainer(
+    settings: MintSettings,
+    config: TrainerConfig,
+    *,
+    stop: threading.Event | None = None,
+    consumers: int = 1,
+    group_id: str = TRAINER_GROUP,
+    idle_timeout_s: float | None = None,
+    max_records: int | None = None,
+    retry: RetryPolicy | None = None,
+    trainer: MultiPolicyTrainer | None = None,
+    **consumer_options: Any,
+) -> list[ConsumerStats]:
+    """Consume update requests with ``consumers`` threads over ONE trainer until ``stop``."""
+    from catalog.cluster import connect
+
+    store = AdapterStore.from_settings(settings)
+    trainer = trainer or MultiPolicyTrainer(config, store=store)
+    trainer.store = store
+    cluster, session = connect(settings)
+    producer = EventProducer(settings, client_id=f"{group_id}-events")
+    try:
+        service = TrainerService(trainer, store, CatalogRepository(session, settings.keyspace),
+                                 producer)  # fmt: skip
+        consumer_options.setdefault("auto_offset_reset", "earliest")
+        # Training a step can take longer than kafka-python's default poll interval.
+        consumer_options.setdefault("max_poll_interval_ms", 30 * 60 * 1000)
+        results: list[ConsumerStats] = [ConsumerStats()] * consumers
+
+        def consume(i: int) -> None:
+            results[i] = run_consumer(
+                settings, TRAINER_TOPICS, group_id, service.handle, stop=stop, retry=retry,
+                idle_timeout_s=idle_timeout_s, max_records=max_records, producer=producer,
+                **consumer_options,
+            )  # fmt: skip
+
+        threads = [threading.Thread(target=consume, args=(i,), name=f"trainer-consumer-{i}")
+                   for i in range(consumers)]  # fmt: skip
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return results
+    finally:
+        producer.close()
+        cluster.shutdown()
+
+
+def main(base_model: str | None = None, backend: str = "torch", consumers: int = 1) -> None:
+    from schemas.logs import configure_logging
+    from schemas.settings import get_settings
+
+    settings = get_settings()
+    configure_logging(settings.log_level, settings.log_format)
+    model = base_model or settings.base_model
+    if not model:
+        raise SystemExit("no base model: pass --base-model PATH or set MINT_BASE_MODEL")
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    config = TrainerConfig(base_model=model, backend=backend)  # type: ignore[arg-type]
+    run_trainer(settings, config, stop=stop, consumers=consumers)
