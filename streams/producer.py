@@ -67,6 +67,16 @@ class EventProducer:
         except KafkaError as e:
             raise PublishError(f"broker did not confirm a record on {topic} ({e})") from e
 
+    def send_async(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> Any:
+        """Send bytes without waiting; call ``.get(timeout)`` on the result to confirm."""
+        return self._producer.send(topic, value, key, headers=headers)
+
     def close(self, timeout_s: float = 10.0) -> None:
         self._producer.close(timeout=timeout_s)
 
