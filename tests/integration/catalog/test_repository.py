@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -20,6 +21,7 @@ from catalog.exceptions import (
     PolicyInUse,
     PolicyNotFound,
     PolicyRetired,
+    RegistrationInProgress,
     RevisionNotFound,
 )
 from catalog.repository import CatalogRepository
@@ -272,3 +274,38 @@ def test_bad_input_raises_typed_error_and_writes_nothing(
         call(repo, tenant)
     assert isinstance(info.value, ValueError | LookupError | PermissionError | RuntimeError)
     assert _tenant_rows(session, ks, tenant) == before
+
+
+def test_resume_after_crash_between_revision_and_index(catalog_keyspace, repo, tenant):
+    """A registrant died after writing revision N but before indexing it: the retry (same
+    source event) finds its own revision instead of creating N+1."""
+    session, ks = catalog_keyspace
+    _policy_with(repo, tenant, 2)
+    eid = uuid.uuid4()
+    d = digest_of(tenant, "crash")
+    first = repo.register_revision(
+        tenant, "math-rl", digest=d, store_uri="file:///c", source_event_id=eid
+    )
+    session.execute(f"UPDATE {ks}.revisions_by_digest SET revision = null WHERE tenant = %s AND policy = 'math-rl' AND digest = %s", (tenant, d))  # fmt: skip
+    session.execute(f"DELETE FROM {ks}.applied_events WHERE event_id = %s", (eid,))
+    again = repo.register_revision(
+        tenant, "math-rl", digest=d, store_uri="file:///c", source_event_id=eid
+    )
+    assert again.revision == first.revision == 3
+    page, _ = repo.list_revisions(tenant, "math-rl")
+    assert [r.revision for r in page] == [3, 2, 1]
+    assert repo.resolve(f"{tenant}/math-rl@{d}").revision == 3
+
+
+def test_foreign_claims_block_briefly_then_expire(catalog_keyspace, repo, tenant):
+    session, ks = catalog_keyspace
+    _policy_with(repo, tenant, 1)
+    claim = f"INSERT INTO {ks}.revisions_by_digest (tenant, policy, digest, claimed_by, claimed_at) VALUES (%s, 'math-rl', %s, %s, %s)"  # fmt: skip
+    fresh, stale = digest_of("fresh"), digest_of("stale")
+    now = datetime.now(UTC)
+    session.execute(claim, (tenant, fresh, uuid.uuid4(), now))
+    session.execute(claim, (tenant, stale, uuid.uuid4(), now - timedelta(minutes=5)))
+    with pytest.raises(RegistrationInProgress, match="retry in a few seconds"):
+        repo.register_revision(tenant, "math-rl", digest=fresh, store_uri="file:///f")
+    taken = repo.register_revision(tenant, "math-rl", digest=stale, store_uri="file:///s")
+    assert taken.revision == 2 and taken.is_new
