@@ -38,6 +38,8 @@ def threshold_failures(metrics: dict[str, float], thresholds: dict[str, Threshol
 
 
 class EvalRequested(Command):
+    """Command: evaluate a revision on a suite; thresholds gate promotion."""
+
     event_type = "eval.requested"
     topic = "eval.requests"
 
@@ -50,6 +52,8 @@ class EvalRequested(Command):
 
 
 class EvalCompleted(Payload):
+    """Result of an evaluation: metrics, the thresholds applied, and the verdict."""
+
     event_type = "eval.completed"
     topic = "eval.results"
 

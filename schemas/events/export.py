@@ -9,6 +9,8 @@ from schemas.names import Digest, ModuleName, StoreUri
 
 
 class ExportCompleted(Payload):
+    """A trained adapter was exported as an immutable revision (the catalog registers it)."""
+
     event_type = "export.completed"
     topic = "export.events"
 

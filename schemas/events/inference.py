@@ -13,6 +13,8 @@ REQUEST_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 
 
 class InferRequested(Command):
+    """Command: answer a prompt with tenant/policy@alias (or a pinned revision)."""
+
     event_type = "infer.requested"
     topic = "infer.requests"
 
@@ -26,6 +28,8 @@ class InferRequested(Command):
 
 
 class InferCompleted(Payload):
+    """The downstream result of an inference request."""
+
     event_type = "infer.completed"
     topic = "infer.results"
 

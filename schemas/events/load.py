@@ -14,6 +14,8 @@ ENGINE_RE = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 
 
 class LoadRequested(Command):
+    """Command: cold-load a revision's adapter into an engine's working set."""
+
     event_type = "load.requested"
     topic = "load.requests"
 
@@ -27,6 +29,8 @@ class LoadRequested(Command):
 
 
 class AdapterLoaded(Payload):
+    """An engine holds the adapter now (in the given tier)."""
+
     event_type = "load.loaded"
     topic = "load.events"
 
@@ -38,6 +42,8 @@ class AdapterLoaded(Payload):
 
 
 class AdapterEvicted(Payload):
+    """An engine dropped the adapter from a tier of its working set."""
+
     event_type = "load.evicted"
     topic = "load.events"
 
@@ -49,6 +55,8 @@ class AdapterEvicted(Payload):
 
 
 class LoadFailed(Payload):
+    """A cold load failed (digest mismatch, missing files, engine error)."""
+
     event_type = "load.failed"
     topic = "load.events"
 

@@ -11,6 +11,8 @@ from schemas.names import AliasName, StoreUri
 
 
 class RolloutRequested(Command):
+    """Command: sample completions from a revision (or the alias) of the policy."""
+
     event_type = "rollout.requested"
     topic = "rollout.requests"
 
@@ -34,6 +36,8 @@ class RolloutRequested(Command):
 
 
 class RolloutCompleted(Payload):
+    """Rollouts were written to the store (claim check) for the next update."""
+
     event_type = "rollout.completed"
     topic = "rollout.results"
 

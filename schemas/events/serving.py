@@ -11,6 +11,8 @@ from schemas.names import AliasName, Digest, StoreUri
 
 
 class PromoteCommand(Command):
+    """Command: move an alias to a revision (compare-and-set on expected_revision)."""
+
     event_type = "serving.promote"
     topic = "serving.commands"
 
@@ -24,6 +26,8 @@ class PromoteCommand(Command):
 
 
 class RollbackCommand(Command):
+    """Command: move an alias back (to its previous revision unless to_revision)."""
+
     event_type = "serving.rollback"
     topic = "serving.commands"
 
@@ -35,6 +39,8 @@ class RollbackCommand(Command):
 
 
 class AliasMoved(Payload):
+    """An alias now points to another revision (the catalog's record of a promote or rollback)."""
+
     event_type = "alias.moved"
     topic = "serving.events"
 

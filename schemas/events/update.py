@@ -25,6 +25,8 @@ class LoraSpec(BaseModel):
 
 
 class UpdateRequested(Command):
+    """Command: train the policy's LoRA adapter for some steps on the given data."""
+
     event_type = "update.requested"
     topic = "update.requests"
 
@@ -41,6 +43,8 @@ class UpdateRequested(Command):
 
 
 class UpdateCompleted(Payload):
+    """A training update finished (an export.completed follows when exported)."""
+
     event_type = "update.completed"
     topic = "update.results"
 
