@@ -137,11 +137,16 @@ def test_paging_over_1000_revisions(catalog_keyspace, repo, tenant):
     assert repo.resolve(f"{tenant}/big@{revs[499][0]}").revision == 500
 
 
-def test_two_racing_promotions_exactly_one_wins(catalog_keyspace, base_settings, repo, tenant):
-    """Real concurrency: two threads, each with its own cluster connection and session."""
+@pytest.mark.parametrize("start", [None, 1], ids=["new-alias", "existing-alias"])
+def test_two_racing_promotions_exactly_one_wins(
+    catalog_keyspace, base_settings, repo, tenant, start
+):
+    """Real concurrency: two threads, each with its own cluster connection and session, move
+    the same alias from the same expected value at the same moment."""
     _, ks = catalog_keyspace
     _policy_with(repo, tenant, 3)
-    repo.move_alias(tenant, "math-rl", "prod", 1, expected=None)
+    if start is not None:
+        repo.move_alias(tenant, "math-rl", "prod", start, expected=None)
     sessions = [connect(base_settings) for _ in range(2)]
     repos = [CatalogRepository(s, ks) for _, s in sessions]
     barrier = threading.Barrier(2)
@@ -150,7 +155,9 @@ def test_two_racing_promotions_exactly_one_wins(catalog_keyspace, base_settings,
     def promote(i: int, to: int) -> None:
         barrier.wait()
         try:
-            results[i] = repos[i].move_alias(tenant, "math-rl", "prod", to, expected=1, by=f"w{i}")
+            results[i] = repos[i].move_alias(
+                tenant, "math-rl", "prod", to, expected=start, by=f"w{i}"
+            )
         except AliasConflict as e:
             results[i] = e
 
@@ -166,14 +173,15 @@ def test_two_racing_promotions_exactly_one_wins(catalog_keyspace, base_settings,
     wins = [r for r in results.values() if not isinstance(r, AliasConflict)]
     losses = [r for r in results.values() if isinstance(r, AliasConflict)]
     assert len(wins) == 1 and len(losses) == 1
-    assert losses[0].current == wins[0].to_revision
-    assert f"is at revision {wins[0].to_revision}, not the expected 1" in str(losses[0])
+    winner = wins[0].to_revision
+    assert losses[0].current == winner
+    assert f"is at revision {winner}, not the expected" in str(losses[0])
     history = repo.alias_history(tenant, "math-rl", "prod")
-    assert [(h.from_revision, h.to_revision) for h in history] == [
-        (1, wins[0].to_revision),
-        (None, 1),
+    raced = [h for h in history if h.seq > (0 if start is None else 1)]
+    assert [(h.from_revision, h.to_revision, h.moved_by) for h in raced] == [
+        (start, winner, f"w{winner - 2}")
     ]
-    assert repo.resolve(f"{tenant}/math-rl@prod").revision == wins[0].to_revision
+    assert repo.resolve(f"{tenant}/math-rl@prod").revision == winner
 
 
 def test_rollback_restores_previous_target_and_is_recorded(repo, tenant):
