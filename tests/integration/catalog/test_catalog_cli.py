@@ -1,0 +1,56 @@
+"""`mint catalog …` end to end in subprocesses, against real Cassandra and Kafka."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from catalog.repository import CatalogRepository
+from streams.topics import ensure_topics
+
+from .conftest import digest_of
+
+
+@pytest.fixture
+def cli(settings, cassandra_cluster):
+    _, session = cassandra_cluster
+    ensure_topics(settings)
+    env = {**os.environ, "MINT_TOPIC_PREFIX": settings.topic_prefix,
+           "MINT_KEYSPACE": settings.keyspace, "COLUMNS": "200"}  # fmt: skip
+
+    def run(*args: str, ok: bool = True) -> subprocess.CompletedProcess:
+        p = subprocess.run([sys.executable, "-m", "mint.cli", "catalog", *args], env=env,
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert (p.returncode == 0) == ok, p.stderr
+        return p
+
+    yield run, session
+    session.execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}", timeout=60)
+
+
+def test_migrate_promote_rollback_resolve_history(cli, settings):
+    run, session = cli
+    assert "applied now [1]" in run("migrate").stderr
+    assert "applied now nothing" in run("migrate").stderr
+    run("create-policy", "acme/math-rl", "--base-model", "tiny-llama")
+    repo = CatalogRepository(session, settings.keyspace)
+    for n in (1, 2):
+        repo.register_revision("acme", "math-rl", digest=digest_of(n),
+                               store_uri=f"file:///s/acme/math-rl/{n}")  # fmt: skip
+    run("promote", "acme/math-rl@prod", "--to", "1", "--by", "alice")
+    run("promote", "acme/math-rl@prod", "--to", "2", "--expected", "1", "--reason", "eval ok")
+    stale = run("promote", "acme/math-rl@prod", "--to", "1", "--expected", "1", ok=False)
+    assert "is at revision 2, not the expected 1" in stale.stderr
+    assert "Traceback" not in stale.stderr
+    run("rollback", "acme/math-rl@prod", "--reason", "regression")
+    resolved = json.loads(run("resolve", "acme/math-rl@prod").stdout)
+    assert resolved["revision"] == 1 and resolved["digest"] == digest_of(1)
+    history = run("history", "acme/math-rl@prod").stdout
+    assert "rollback" in history and "regression" in history and "alice" in history
+    assert "file:///s/acme/math-rl/2" in run("revisions", "acme/math-rl").stdout
+    bad = run("resolve", "acme/math-rl@sha256:xyz", ok=False)
+    assert "is malformed" in bad.stderr
