@@ -1,0 +1,153 @@
+"""streams/ without a broker: the topic registry, retry policy, dead-letter records and the
+per-record logic of the consumer loop (with a recording stand-in for the producer)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from kafka.consumer.fetcher import ConsumerRecord
+
+from schemas import EVENT_TYPES, encode_event, make_event
+from schemas.events import DeadLetter
+from schemas.examples import example_payload
+from schemas.settings import MintSettings
+from streams import TOPICS, RetryPolicy, StreamsError, TopicError, topic_for, topic_for_type
+from streams.consumer import _Loop, dead_letter
+from streams.replay import Window, fresh_group, load_processor
+
+SETTINGS = MintSettings(topic_prefix="unit")
+
+
+def _record(value: bytes | None, headers=None, offset: int = 7) -> ConsumerRecord:
+    return ConsumerRecord("unit.serving.commands", 2, -1, offset, 0, 0, b"acme/p", value,
+                          headers or [], None, 6, len(value or b""), 0)  # fmt: skip
+
+
+def _promote_bytes(revision: int = 1) -> bytes:
+    env = make_event(example_payload("serving.promote"), tenant="acme", policy="p", producer="t")
+    return encode_event(env).replace(b'"revision":1', f'"revision":{revision}'.encode())
+
+
+def test_every_event_type_has_a_registry_topic() -> None:
+    for event_type, payload in EVENT_TYPES.items():
+        assert payload.topic in TOPICS, event_type
+        assert topic_for_type(SETTINGS, event_type) == f"unit.{payload.topic}"
+
+
+def test_policy_state_is_compacted_and_the_rest_retain_by_time() -> None:
+    assert TOPICS["policy.state"].configs()["cleanup.policy"] == "compact"
+    assert TOPICS["export.events"].configs() == {"cleanup.policy": "delete", "retention.ms": "-1"}
+    assert TOPICS["dlq"].configs()["cleanup.policy"] == "delete"
+
+
+def test_unknown_topics_are_named_in_the_error() -> None:
+    with pytest.raises(TopicError, match="'export.event' is not in the registry"):
+        topic_for(SETTINGS, "export.event")
+    with pytest.raises(TopicError, match="no topic"):
+        topic_for_type(SETTINGS, "nope")
+    assert isinstance(TopicError("x"), ValueError) and isinstance(TopicError("x"), StreamsError)
+
+
+def test_retry_backoff_doubles_up_to_the_cap() -> None:
+    policy = RetryPolicy(max_attempts=6, backoff_s=0.5, max_backoff_s=3.0)
+    assert [policy.delay(a) for a in range(1, 6)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+
+
+def test_dead_letter_keeps_bytes_and_replaces_old_reason_headers() -> None:
+    record = _record(b"raw", headers=[("trace", b"1"), ("mint.dlq.reason", b"invalid")])
+    key, value, headers = dead_letter(record, "undecodable", ValueError("x" * 9000), "g")
+    assert (key, value) == (b"acme/p", b"raw")
+    assert ("trace", b"1") in headers
+    assert [v for k, v in headers if k == "mint.dlq.reason"] == [b"undecodable"]
+    letter = DeadLetter.from_headers(headers)
+    assert (letter.topic, letter.partition, letter.offset, letter.group) == (
+        "unit.serving.commands", 2, 7, "g")  # fmt: skip
+    assert letter.error.startswith("ValueError: x") and len(letter.error) <= 4000
+
+
+class _RecordingProducer:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes | None, bytes | None, list]] = []
+
+    def send_raw(self, topic, value, key=None, headers=None, timeout_s=30.0):
+        self.sent.append((topic, value, key, headers))
+
+    def close(self) -> None:
+        pass
+
+
+def _loop(handler, attempts: int = 3) -> tuple[_Loop, _RecordingProducer]:
+    producer = _RecordingProducer()
+    loop = _Loop(SETTINGS, "g", handler, RetryPolicy(attempts, 0.001, 0.001), producer,
+                 threading.Event())  # type: ignore[arg-type]  # fmt: skip
+    return loop, producer
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (b"\xff", "undecodable"),
+        (b'{"type": "serving.promote", "schema_version": 1}', "invalid"),
+        (b'{"type": "serving.nope", "schema_version": 1}', "unknown_type"),
+        (b'{"type": "serving.promote", "schema_version": 2}', "unknown_version"),
+    ],
+)
+def test_poison_goes_to_the_dlq_without_calling_the_handler(value: bytes, reason: str) -> None:
+    calls = []
+    loop, producer = _loop(lambda env, rec: calls.append(env))
+    loop.process(_record(value))
+    assert calls == []
+    (topic, sent_value, key, headers) = producer.sent[0]
+    assert topic == "unit.dlq" and sent_value == value and key == b"acme/p"
+    assert DeadLetter.from_headers(headers).reason == reason
+    assert loop.stats.reasons == {reason: 1}
+
+
+def test_a_transient_failure_is_retried_then_handled() -> None:
+    failures = [RuntimeError("blip")]
+
+    def handler(env, rec) -> None:
+        if failures:
+            raise failures.pop()
+
+    loop, producer = _loop(handler)
+    loop.process(_record(_promote_bytes()))
+    assert producer.sent == [] and loop.stats.handled == 1 and loop.stats.retries == 1
+
+
+def test_a_handler_failing_every_attempt_is_dead_lettered_with_the_count() -> None:
+    def handler(env, rec) -> None:
+        raise KeyError("missing revision")
+
+    loop, producer = _loop(handler, attempts=4)
+    loop.process(_record(_promote_bytes()))
+    letter = DeadLetter.from_headers(producer.sent[0][3])
+    assert letter.reason == "handler_failed" and letter.attempts == 4
+    assert letter.event_type == "serving.promote" and "KeyError" in letter.error
+
+
+def test_window_counts_and_rows() -> None:
+    from kafka import TopicPartition
+
+    a, b = TopicPartition("t", 0), TopicPartition("t", 1)
+    window = Window("t", {a: 3, b: 5}, {a: 10, b: 5})
+    assert window.total == 7 and window.rows() == [(0, 3, 10), (1, 5, 5)]
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        ("nocolon", "module:factory"),
+        ("no.such.module:f", "cannot load"),
+        ("streams.replay:nope", "cannot load"),
+    ],  # fmt: skip
+)
+def test_load_processor_errors(spec: str, match: str) -> None:
+    with pytest.raises(StreamsError, match=match):
+        load_processor(spec, SETTINGS)
+
+
+def test_fresh_groups_differ() -> None:
+    assert fresh_group("workers.projector:handler") != fresh_group("workers.projector:handler")
+    assert fresh_group("a.b:c").startswith("replay.a.b.c.")
