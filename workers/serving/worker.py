@@ -70,7 +70,7 @@ class ServingWorker:
     def step(self, timeout_ms: int = 100) -> int:
         """One round over the three consumers; returns how many records it handled."""
         core, n = self.core, 0
-        events = self._poll(self._events, 0)
+        events = self._poll(self._events, 10)
         for env, _ in events:
             if isinstance(env.payload, AliasMoved):
                 self._publish(core.on_alias_moved(env))
@@ -90,7 +90,7 @@ class ServingWorker:
             self._infer.commit()
         n += len(reqs)
 
-        loads = self._poll(self._loads, 0 if reqs else 20)
+        loads = self._poll(self._loads, 10 if reqs else 20)
         if loads:
             self._publish(core.on_load_requests(
                 [e for e, _ in loads if isinstance(e.payload, LoadRequested)]))  # fmt: skip

@@ -183,6 +183,12 @@ class WorkingSet:
             self.on_evict(entry.ref, "cpu", reason)
         return True
 
+    def clear(self, reason: str = "shutdown") -> None:
+        """Evict every adapter (pinned too) from the engine, e.g. before handing it on."""
+        with self._lock:
+            for digest in list(self._cpu):
+                self.evict(digest, reason=reason)
+
     def used_in_batch(self, digests: list[str]) -> None:
         """Record that a batch ran with these adapters: they hold the GPU slots now."""
         with self._lock:

@@ -132,3 +132,114 @@ class HfReference:
 @pytest.fixture(scope="session")
 def hf_reference(tiny_llama: Path, adapter_template: Path) -> HfReference:
     return HfReference(tiny_llama, adapter_template)
+
+
+# ---------------------------------------------------------------- the serving stack on Kafka
+
+
+@pytest.fixture(scope="module")
+def catalog_repo(cassandra_cluster, base_settings):
+    import uuid
+
+    from catalog.migrate import migrate
+    from catalog.repository import CatalogRepository
+
+    _, session = cassandra_cluster
+    keyspace = f"srv_{uuid.uuid4().hex[:12]}"
+    migrate(session, keyspace, base_settings.keyspace_replication)
+    yield CatalogRepository(session, keyspace)
+    session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=60)
+
+
+class Stack:
+    """Store, working set, resolution cache, serving core and worker over the session engine."""
+
+    def __init__(self, settings, repo, engine, fingerprint: str, cache_dir: Path, ttl_s: float):
+        from catalog.store import AdapterStore
+        from streams import EventProducer, ensure_topics
+        from workers.serving.core import ServingCore
+        from workers.serving.resolution import ResolutionCache
+        from workers.serving.worker import ServingWorker
+        from workers.serving.working_set import WorkingSet
+
+        ensure_topics(settings)
+        self.settings, self.repo, self.engine = settings, repo, engine
+        self.store = AdapterStore.from_settings(settings)
+        self.fingerprint = fingerprint
+        cfg = engine.config
+        self.ws = WorkingSet(engine, self.store, cache_dir, base_model_fingerprint=fingerprint,
+                             max_loras=cfg.max_loras, max_cpu_loras=cfg.max_cpu_loras,
+                             max_disk_loras=1000, max_lora_rank=cfg.max_lora_rank)  # fmt: skip
+        self.resolver = ResolutionCache(repo.resolve, ttl_s=ttl_s)
+        self.core = ServingCore(engine, self.ws, self.resolver, engine_id=cfg.engine_id,
+                                base_model="tiny-llama", max_num_seqs=cfg.max_num_seqs)  # fmt: skip
+        self.worker = ServingWorker(settings, self.core)
+        self.producer = EventProducer(settings)
+        self.adapter_dirs: dict[str, Path] = {}
+
+    def register(self, tenant: str, policy: str, adapter_dir: Path, fingerprint: str | None = None):
+        """Store the adapter and register it as the policy's next revision."""
+        stored = self.store.put(adapter_dir, tenant=tenant, policy=policy, base_model="tiny-llama",
+                                base_model_fingerprint=fingerprint or self.fingerprint)  # fmt: skip
+        self.repo.create_policy(tenant, policy, "tiny-llama")
+        rev = self.repo.register_revision(tenant, policy, digest=stored.digest,
+                                          store_uri=stored.uri)  # fmt: skip
+        self.adapter_dirs[stored.digest] = adapter_dir
+        return rev
+
+    def request(self, tenant: str, policy: str, request_id: str, prompt: str, *,
+                revision: int | None = None, alias: str = "prod", max_tokens: int = 4):  # fmt: skip
+        from schemas import make_event
+        from schemas.events import InferRequested
+
+        return make_event(InferRequested(request_id=request_id, prompt=prompt, revision=revision,
+                                         alias=alias, max_tokens=max_tokens),
+                          tenant=tenant, policy=policy, producer="test/upstream")  # fmt: skip
+
+    def serve(self, envs: list, timeout_s: float = 240.0) -> dict[str, object]:
+        """Publish requests, run the worker until every request_id has a result."""
+        import time
+        import uuid
+
+        from schemas import decode_event
+        from streams import make_consumer
+
+        results = make_consumer(self.settings, self.settings.topic("infer.results"),
+                                group_id=f"collect-{uuid.uuid4().hex[:8]}")  # fmt: skip
+        self.producer.publish_many(envs)
+        want = {e.payload.request_id for e in envs}
+        got: dict[str, object] = {}
+        deadline = time.monotonic() + timeout_s
+        try:
+            while want - set(got) and time.monotonic() < deadline:
+                self.worker.step(timeout_ms=50)
+                for recs in results.poll(timeout_ms=10).values():
+                    for r in recs:
+                        env = decode_event(r.value)
+                        got[env.payload.request_id] = env
+        finally:
+            results.close()
+        missing = want - set(got)
+        assert not missing, f"{len(missing)} requests got no result, e.g. {sorted(missing)[:3]}"
+        return got
+
+    def step_until(self, done, timeout_s: float = 60.0) -> None:
+        """Run the worker until ``done()`` (e.g. it has taken an alias.moved event)."""
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            assert time.monotonic() < deadline, "the worker did not get there in time"
+            self.worker.step(timeout_ms=50)
+
+    def close(self) -> None:
+        self.worker.close()
+        self.producer.close()
+        self.ws.clear()
+
+
+@pytest.fixture
+def stack(settings, catalog_repo, serving_engine, base_fingerprint, tmp_path) -> Iterator[Stack]:
+    s = Stack(settings, catalog_repo, serving_engine, base_fingerprint, tmp_path / "cache", 600.0)
+    yield s
+    s.close()
