@@ -45,4 +45,63 @@ def trainer(base_model: str | None, backend: str, consumers: int) -> None:  # fm
     main(base_model=base_model, backend=backend, consumers=consumers)
 
 
+def _engine_options(fn):
+    opts = [
+        click.option("--model", "model", default=None, help="base model folder (MINT_BASE_MODEL)"),
+        click.option("--engine-id", default="engine-0", show_default=True),
+        click.option("--max-loras", default=4, show_default=True, help="GPU slots"),
+        click.option("--max-cpu-loras", default=16, show_default=True, help="CPU cache"),
+        click.option("--max-disk-loras", default=1024, show_default=True, help="disk cache"),
+        click.option("--max-lora-rank", default=16, show_default=True),
+        click.option("--max-model-len", default=2048, show_default=True),
+        click.option("--dtype", default="auto", show_default=True),
+        click.option("--cache-dir", type=click.Path(), default=None, help="local adapter cache"),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def _engine_config(settings, model, engine_id, max_loras, max_cpu_loras, max_disk_loras,
+                   max_lora_rank, max_model_len, dtype, cache_dir):  # fmt: skip
+    from pathlib import Path
+
+    from workers.serving.engine import EngineConfig
+
+    model = model or settings.base_model
+    if not model:
+        raise click.UsageError("give --model DIR or set MINT_BASE_MODEL to the base model folder")
+    config = EngineConfig(model=model, engine_id=engine_id, max_loras=max_loras,
+                          max_cpu_loras=max_cpu_loras, max_disk_loras=max_disk_loras,
+                          max_lora_rank=max_lora_rank, max_model_len=max_model_len,
+                          dtype=dtype)  # fmt: skip
+    cache = Path(cache_dir) if cache_dir else settings.state_dir / "adapter-cache" / engine_id
+    return config, cache
+
+
+@worker.command("serving")
+@_engine_options
+@click.option("--base-model-name", default=None, help="base model name in the catalog")
+def serving(base_model_name, **opts) -> None:
+    """Serve inference requests (infer.requests → infer.results) with one vLLM engine."""
+    from schemas.settings import get_settings
+    from workers.serving.main import serve_main
+
+    settings = get_settings()
+    config, cache = _engine_config(settings, **opts)
+    serve_main(settings, config, cache, base_model_name or config.model)
+
+
+@worker.command("rollout")
+@_engine_options
+def rollout(**opts) -> None:
+    """Sample rollouts (rollout.requests → rollout.results, claim checks in the store)."""
+    from schemas.settings import get_settings
+    from workers.serving.main import rollout_main
+
+    settings = get_settings()
+    config, cache = _engine_config(settings, **opts)
+    rollout_main(settings, config, cache)
+
+
 COMMANDS: list[click.Command] = [worker]
