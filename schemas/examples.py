@@ -56,6 +56,13 @@ def example_fields(
             "thresholds": {"accuracy": {"min": 0.5}},
             "passed": True,
         },
+        "policy.configured": {
+            "base_model": "tiny-llama",
+            "suite": "arith",
+            "thresholds": {"accuracy": {"min": 0.5}},
+            "rollback_metric": "accuracy",
+            "rollback_tolerance": 0.1,
+        },
         "serving.promote": {"alias": "prod", "revision": 1, "reason": "eval passed"},
         "serving.rollback": {"alias": "prod", "reason": "regression"},
         "alias.moved": {

@@ -25,6 +25,7 @@ from schemas.events import (
     InferRequested,
     LoadFailed,
     LoadRequested,
+    PolicyConfigured,
     PromoteCommand,
     RollbackCommand,
     RolloutCompleted,
@@ -57,6 +58,7 @@ _ALL: tuple[type[Payload], ...] = (
     InferRequested,
     InferCompleted,
     InferFailed,
+    PolicyConfigured,
 )
 
 PAYLOADS: dict[tuple[str, int], type[Payload]] = {(p.event_type, p.schema_version): p for p in _ALL}

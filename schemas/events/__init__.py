@@ -4,6 +4,7 @@ from schemas.events.dead_letter import DeadLetter
 from schemas.events.evaluation import EvalCompleted, EvalRequested, Threshold, threshold_failures
 from schemas.events.export import ExportCompleted
 from schemas.events.inference import InferCompleted, InferFailed, InferRequested
+from schemas.events.lifecycle import PolicyConfigured
 from schemas.events.load import AdapterEvicted, AdapterLoaded, LoadFailed, LoadRequested
 from schemas.events.rollout import RolloutCompleted, RolloutRequested
 from schemas.events.serving import AliasMoved, PromoteCommand, RollbackCommand
@@ -23,6 +24,7 @@ __all__ = [
     "LoadFailed",
     "LoadRequested",
     "LoraSpec",
+    "PolicyConfigured",
     "PromoteCommand",
     "RollbackCommand",
     "RolloutCompleted",

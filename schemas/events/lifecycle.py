@@ -1,0 +1,37 @@
+"""Lifecycle configuration of a policy: its evaluation gate and rollback rule.
+
+Published on the compacted ``policy.state`` topic (keyed by policy), so the latest configuration
+of every policy stays in the log forever and a restarted controller rebuilds its tables from it.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from schemas.envelope import Command
+from schemas.events.evaluation import Threshold
+from schemas.names import AliasName, MetricName
+
+
+class PolicyConfigured(Command):
+    """Command: set a policy's lifecycle (evaluation suite, promotion gate, rollback rule)."""
+
+    event_type = "policy.configured"
+    topic = "policy.state"
+
+    base_model: str = Field(min_length=1, max_length=512, description="base model id or path")
+    suite: str = Field(min_length=1, max_length=128, description="evaluation suite name")
+    thresholds: dict[MetricName, Threshold] = Field(
+        default_factory=dict, description="the gate: a revision is promoted only if all are met"
+    )
+    promote_to: AliasName = Field("prod", description="alias a passing revision moves to")
+    auto_evaluate: bool = Field(True, description="evaluate every exported revision")
+    auto_promote: bool = Field(True, description="promote a revision that passes the gate")
+    rollback_metric: MetricName | None = Field(
+        None, description="metric watched on the serving revision (None: no automatic rollback)"
+    )
+    rollback_tolerance: float = Field(
+        0.0, ge=0.0, description="roll back when the metric falls more than this below the "
+        "value it had when the revision was promoted",
+    )  # fmt: skip
+    requested_by: str = Field("", max_length=256)
