@@ -19,6 +19,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import shutil
 import statistics
 import sys
 import time
@@ -132,6 +133,15 @@ def settle(session, settings: MintSettings, keyspace: str, tables: list[str]) ->
             "settle_seconds": round(time.monotonic() - t0, 1)}  # fmt: skip
 
 
+def drop_keyspace(session, settings: MintSettings, keyspace: str) -> None:
+    """Drop the benchmark keyspace and, on a local node, the snapshot that auto_snapshot keeps of
+    a dropped keyspace (hundreds of MB at full size; there is no nodetool clearsnapshot here)."""
+    session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=300)
+    local = settings.state_dir / "cassandra" / "data" / keyspace
+    if keyspace.startswith("bench_catalog_") and local.is_dir() and not settings.cassandra_external:
+        shutil.rmtree(local, ignore_errors=True)
+
+
 def _du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
@@ -203,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         }
     finally:
         if not args.keep:
-            session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=300)
+            drop_keyspace(session, settings, keyspace)
         cluster.shutdown()
     print(json.dumps(result), flush=True)
     return 0

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from schemas.settings import PROJECT_ROOT
+from schemas.settings import PROJECT_ROOT, MintSettings
 
 
 def test_catalog_scale_smoke(cassandra_cluster):
@@ -29,3 +29,7 @@ def test_catalog_scale_smoke(cassandra_cluster):
     # The benchmark dropped its keyspace.
     keyspaces = {r.keyspace_name for r in session.execute("SELECT keyspace_name FROM system_schema.keyspaces")}  # fmt: skip
     assert result["keyspace"].startswith("bench_catalog_") and result["keyspace"] not in keyspaces
+    # ...and, on the local node, the snapshot auto_snapshot keeps of a dropped keyspace.
+    settings = MintSettings()
+    if not settings.cassandra_external:
+        assert not (settings.state_dir / "cassandra" / "data" / result["keyspace"]).exists()
