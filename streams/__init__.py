@@ -8,7 +8,14 @@
 """
 
 from streams.clients import KafkaUnavailable, make_admin, make_consumer, make_producer
-from streams.consumer import ConsumerStats, Handler, RetryPolicy, run_consumer, run_range
+from streams.consumer import (
+    ConsumerStats,
+    Handler,
+    RetryPolicy,
+    run_consumer,
+    run_range,
+    stop_on_signals,
+)
 from streams.exceptions import PublishError, StreamsError, TopicError, TransientError
 from streams.producer import EventProducer
 from streams.topics import DLQ, POLICY_STATE, TOPICS, ensure_topics, topic_for, topic_for_type
@@ -32,6 +39,7 @@ __all__ = [
     "make_producer",
     "run_consumer",
     "run_range",
+    "stop_on_signals",
     "topic_for",
     "topic_for_type",
 ]

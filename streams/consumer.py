@@ -2,12 +2,13 @@
 
 Usage (a worker's ``main``)::
 
-    from streams.consumer import run_consumer
+    from streams.consumer import run_consumer, stop_on_signals
 
     def handle(envelope, record):      # schemas.Envelope, kafka ConsumerRecord
         ...                            # must be idempotent on envelope.event_id
 
-    run_consumer(settings, ["export.events"], "catalog-projector", handle, stop=stop_event)
+    stop = stop_on_signals()           # SIGTERM/SIGINT: finish the record, commit, leave
+    run_consumer(settings, ["export.events"], "catalog-projector", handle, stop=stop)
 
 Guarantees:
 
@@ -38,6 +39,7 @@ from typing import Any
 import structlog
 from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
+from kafka.errors import CommitFailedError, RebalanceInProgressError
 from kafka.structs import OffsetAndMetadata
 
 from schemas.envelope import Envelope
@@ -166,8 +168,25 @@ class _Stopped(Exception):
 
 
 def _commit(consumer: KafkaConsumer, done: dict[TopicPartition, int]) -> None:
-    if done:
+    if not done:
+        return
+    try:
         consumer.commit({tp: OffsetAndMetadata(off + 1, "", -1) for tp, off in done.items()})
+    except (CommitFailedError, RebalanceInProgressError) as e:
+        # The group moved these partitions on (e.g. a handler outlived max_poll_interval_ms):
+        # the new owner gets the records again, and handlers are idempotent on event_id.
+        log.warning("offset commit lost to a rebalance; records will be redelivered", error=str(e))
+
+
+def stop_on_signals(*signals: int) -> threading.Event:
+    """An Event set by SIGTERM/SIGINT (or ``signals``): pass it as ``stop=`` from a worker's main
+    so the loop finishes the current record, commits, and leaves the group cleanly."""
+    import signal as _signal
+
+    stop = threading.Event()
+    for sig in signals or (_signal.SIGTERM, _signal.SIGINT):
+        _signal.signal(sig, lambda *_: stop.set())
+    return stop
 
 
 def _drain(

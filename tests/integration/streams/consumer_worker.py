@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from schemas.settings import MintSettings
-from streams.consumer import run_consumer
+from streams.consumer import run_consumer, stop_on_signals
 
 out = Path(sys.argv[1])
 kill_at = int(os.environ.get("KILL_AT_REVISION", "0"))
@@ -36,5 +36,5 @@ def handle(envelope, record) -> None:
 
 stats = run_consumer(MintSettings(), ["serving.commands"], "redelivery", handle,
                      idle_timeout_s=float(os.environ.get("IDLE_S", "3")),
-                     group_instance_id="redelivery-0")  # fmt: skip
+                     group_instance_id="redelivery-0", stop=stop_on_signals())  # fmt: skip
 print(f"handled={stats.handled}", flush=True)

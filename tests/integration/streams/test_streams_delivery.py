@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import signal
 import threading
+import time
 from collections import defaultdict
 
 from schemas import encode_event
@@ -41,9 +42,6 @@ def test_per_policy_order_holds_across_partitions_with_two_members(settings: Min
     ensure_topics(settings, ["serving.commands", "dlq"])
     policies = [f"p{i}" for i in range(8)]
     events = [promote("acme", p, rev) for rev in range(1, 26) for p in policies]  # interleaved
-    with EventProducer(settings) as producer:
-        sent = producer.publish_many(events)
-    assert len({m.partition for m in sent}) > 1, "policies should spread over partitions"
 
     seen: dict[str, list[int]] = defaultdict(list)
     lock = threading.Lock()
@@ -56,15 +54,28 @@ def test_per_policy_order_holds_across_partitions_with_two_members(settings: Min
         threading.Thread(
             target=run_consumer,
             args=(settings, ["serving.commands"], "order", handle),
-            kwargs={"idle_timeout_s": 3.0},
+            kwargs={"idle_timeout_s": 4.0},
+            name=f"member-{i}",
         )
-        for _ in range(2)
+        for i in range(2)
     ]
     for m in members:
         m.start()
+    time.sleep(1.5)  # let both members join, so the partitions are shared while events flow
+    with EventProducer(settings) as producer:
+        sent = producer.publish_many(events)
+    assert len({m.partition for m in sent}) > 1, "policies should spread over partitions"
     for m in members:
-        m.join(30)
-    assert {p: seen[p] for p in policies} == {p: list(range(1, 26)) for p in policies}
+        m.join(40)
+
+    for p in policies:
+        # At-least-once: a rebalance may redeliver a tail; the first delivery of each revision
+        # must still come in order, and nothing may be missing.
+        first_seen = list(dict.fromkeys(seen[p]))
+        assert first_seen == list(range(1, 26)), (p, seen[p])
+        for i in range(1, len(seen[p])):
+            if seen[p][i] < seen[p][i - 1]:  # only a redelivery may step back
+                assert seen[p][i] in seen[p][:i], (p, seen[p])
 
 
 def test_killed_consumer_gets_the_event_again_and_handles_it_idempotently(
@@ -162,3 +173,18 @@ def test_an_envelope_for_an_other_tenants_store_is_dead_lettered(settings: MintS
     assert stats.reasons == {"invalid": 1}
     (letter,) = read_topic(settings, settings.topic("dlq"))
     assert "outside the namespace" in DeadLetter.from_headers(letter.headers).error
+
+
+def test_sigterm_finishes_commits_and_leaves(settings: MintSettings, tmp_path) -> None:
+    ensure_topics(settings, ["serving.commands", "dlq"])
+    with EventProducer(settings) as producer:
+        producer.publish_many([promote("acme", "math-rl", rev) for rev in range(1, 4)])
+    worker = start_worker("consumer_worker.py", settings, str(tmp_path), IDLE_S="120")
+    log = tmp_path / "handled.log"
+    wait_until(lambda: log.exists() and len(log.read_text().split()) == 3, 20, "3 handled")
+    worker.send_signal(signal.SIGTERM)
+    output, _ = worker.communicate(timeout=15)
+    assert worker.returncode == 0 and "handled=3" in output, output
+    again = start_worker("consumer_worker.py", settings, str(tmp_path), IDLE_S="2")
+    output, _ = again.communicate(timeout=30)
+    assert "handled=0" in output, output
