@@ -42,3 +42,40 @@ def test_killed_transaction_is_invisible_and_restart_yields_exactly_one_output_p
     assert causes == Counter({i.event_id: 1 for i in inputs}), "exactly one output per input"
     assert [o.payload.to_revision for o in outputs] == list(range(1, 9))  # order kept
     assert all(o.correlation_id == i.event_id for o, i in zip(outputs, inputs, strict=True))
+
+
+def test_poison_inside_transactions_is_dead_lettered_once(settings: MintSettings) -> None:
+    from schemas.envelope import make_event
+    from schemas.events import AliasMoved, DeadLetter
+    from streams import RetryPolicy
+    from streams.transactional import run_transactional
+
+    ensure_topics(settings, ["serving.commands", "serving.events", "dlq"])
+    topic = settings.topic("serving.commands")
+    with EventProducer(settings) as producer:
+        producer.publish(promote("acme", "p", 1))
+        producer.send_raw(topic, b"\x00garbage", b"acme/p")
+        producer.publish(promote("acme", "p", 2))
+        producer.publish(promote("acme", "p", 13))
+
+    def flaky(envelope, record):
+        if envelope.payload.revision == 13:
+            raise RuntimeError("cannot promote 13")
+        moved = AliasMoved(
+            alias="prod",
+            to_revision=envelope.payload.revision,
+            cause="promote",
+            adapter_digest="sha256:" + "ab" * 32,
+            store_uri=f"s3://store/acme/p/revisions/{envelope.payload.revision}",
+        )
+        return [make_event(moved, tenant="acme", policy="p", producer="t", caused_by=envelope)]
+
+    stats = run_transactional(settings, ["serving.commands"], "tx-poison", "tx-poison-0", flaky,
+                              max_records=4, retry=RetryPolicy(2, 0.01))  # fmt: skip
+    assert (stats.handled, stats.dead_lettered) == (2, 2)
+    outputs = [decode_event(r.value).payload.to_revision
+               for r in read_topic(settings, settings.topic("serving.events"))]  # fmt: skip
+    assert outputs == [1, 2]
+    reasons = [DeadLetter.from_headers(r.headers).reason
+               for r in read_topic(settings, settings.topic("dlq"))]  # fmt: skip
+    assert reasons == ["undecodable", "handler_failed"]
