@@ -403,6 +403,14 @@ class CatalogRepository:
             f"{_MAX_CAS_RETRIES} compare-and-set attempts (heavy contention): retry"
         )
 
+    def next_revision(self, tenant: str, policy: str) -> int:
+        """The number the policy's next registration will get (read at LOCAL_SERIAL), e.g. for
+        ``ExportCompleted.revision``; registering with ``revision=`` it is refused if another
+        registration took the number first."""
+        self.get_policy(tenant, policy)
+        latest = self._one(self._latest_serial, (tenant, policy))
+        return ((latest.latest_revision or 0) if latest is not None else 0) + 1
+
     def _release(self, tenant: str, policy: str, digest: str) -> None:
         """Drop our digest claim when the registration is refused, so nothing stays written."""
         self._run(self._del_claim, (tenant, policy, digest))

@@ -67,7 +67,10 @@ def test_register_numbers_revisions_and_is_idempotent(repo, tenant):
 
 
 def test_register_with_demanded_number(repo, tenant):
+    repo.create_policy(tenant, "math-rl", "tiny-llama")
+    assert repo.next_revision(tenant, "math-rl") == 1
     _policy_with(repo, tenant, 2)
+    assert repo.next_revision(tenant, "math-rl") == 3
     with pytest.raises(Conflict, match="says revision 5 but the next revision is 3"):
         repo.register_revision(
             tenant, "math-rl", digest=digest_of("gap"), store_uri="file:///s/g", revision=5
