@@ -104,4 +104,21 @@ def rollout(**opts) -> None:
     rollout_main(settings, config, cache)
 
 
+@worker.command("controller")
+def controller() -> None:
+    """Run the lifecycle controller (faust agents, tables keyed by policy).
+
+    \b
+    It reacts to events and emits the next step of each policy's lifecycle:
+      export.completed  -> eval.requested        (policies configured to auto-evaluate)
+      eval.completed    -> serving.promote       (the gate: every threshold met)
+      eval.completed    -> serving.rollback      (the serving revision regressed)
+      serving.promote / serving.rollback -> alias.moved (compare-and-set on the catalog)
+    Configure a policy with `mint policies configure`; scale out by starting more.
+    """
+    from workers.controller.app import main
+
+    main()
+
+
 COMMANDS: list[click.Command] = [worker]
