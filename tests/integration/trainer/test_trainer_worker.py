@@ -97,3 +97,28 @@ def test_updates_export_register_and_redelivery_returns_the_same_revision(
     projected = run_projector(settings, idle_timeout_s=3, max_records=4)
     assert projected.handled == 4 and projected.dead_lettered == 0
     assert [r.revision for r in repo.iter_revisions(TENANT, POLICY)] == [2, 1]
+
+
+def test_request_for_another_base_model_is_dead_lettered(settings, live, tiny_llama: Path):
+    data = write_data(settings, "sft.jsonl", [{"prompt": "a", "completion": " b"}])
+    wrong = request(Path("/models/other-base"), data, None)
+    with EventProducer(settings) as producer:
+        producer.publish(wrong)
+    stats = run_trainer(settings, TrainerConfig(base_model=str(tiny_llama)), idle_timeout_s=4,
+                        max_records=1, retry=RetryPolicy(max_attempts=1))  # fmt: skip
+    assert stats[0].dead_lettered == 1 and stats[0].reasons == {"handler_failed": 1}
+    letters = read_events_raw(settings, "dlq")
+    assert any(b"this trainer holds" in h for _, h in letters)
+    assert AdapterStore.from_settings(settings).list(TENANT, POLICY) == []
+
+
+def read_events_raw(settings, topic: str) -> list[tuple[bytes, bytes]]:
+    from streams.clients import make_consumer
+    from streams.topics import topic_for
+
+    consumer = make_consumer(settings, group_id=f"raw-{uuid.uuid4().hex[:6]}",
+                             auto_offset_reset="earliest", consumer_timeout_ms=4000)  # fmt: skip
+    consumer.subscribe([topic_for(settings, topic)])
+    out = [(r.value, v) for r in consumer for k, v in (r.headers or []) if k == "mint.dlq.error"]
+    consumer.close()
+    return out
