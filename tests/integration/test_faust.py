@@ -67,3 +67,8 @@ def test_faust_agent_and_table_consume_real_kafka_with_new_click(
     admin.close()
     assert len(meta["partitions"]) == settings.topic_partitions
     assert len(read_topic(settings, changelog)) >= 3
+    admin = make_admin(settings)
+    admin.delete_topics(
+        [t for t in admin.list_topics() if t.startswith(f"{settings.topic_prefix}.")]
+    )
+    admin.close()
