@@ -104,6 +104,30 @@ def rollout(**opts) -> None:
     rollout_main(settings, config, cache)
 
 
+@worker.command("evaluator")
+@_engine_options
+@click.option("--with-serving", is_flag=True, help="Also serve infer.requests on this engine.")
+@click.option("--with-rollout", is_flag=True, help="Also sample rollout.requests on this engine.")
+@click.option("--base-model-name", default=None, help="base model name in the catalog")
+def evaluator(with_serving: bool, with_rollout: bool, base_model_name, **opts) -> None:
+    """Evaluate revisions (eval.requests → eval.results) on one vLLM engine.
+
+    \b
+    Each request names a suite (prompts + a reward from the rollout reward registry, see
+    workers/evaluator/suites.py) and a revision; the worker generates the suite's prompts with
+    that revision's adapter and publishes eval.completed with the metrics and the gate's verdict.
+    On a small machine run ONE engine for everything:
+      mint worker evaluator --with-serving --with-rollout --model DIR
+    """
+    from schemas.settings import get_settings
+    from workers.evaluator.main import evaluator_main
+
+    settings = get_settings()
+    config, cache = _engine_config(settings, **opts)
+    evaluator_main(settings, config, cache, with_serving=with_serving, with_rollout=with_rollout,
+                   base_model_name=base_model_name)  # fmt: skip
+
+
 @worker.command("controller")
 def controller() -> None:
     """Run the lifecycle controller (faust agents, tables keyed by policy).

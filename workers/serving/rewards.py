@@ -41,6 +41,13 @@ def digits(prompt: str, completion: str, token_ids: list[int]) -> float:
     return sum(c.isdigit() for c in completion) / len(completion) if completion else 0.0
 
 
+@register("even_tokens")
+def even_tokens(prompt: str, completion: str, token_ids: list[int]) -> float:
+    """Share of even completion token ids: ≈ 0.5 for a random base, learnable by GRPO in a few
+    rounds (the demo's toy task)."""
+    return sum(t % 2 == 0 for t in token_ids) / len(token_ids) if token_ids else 0.0
+
+
 def get_reward(name: str) -> Reward:
     try:
         return REWARDS[name]

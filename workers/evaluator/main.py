@@ -1,0 +1,47 @@
+"""``mint worker evaluator``: one engine; evaluation alone, or with serving and rollout on it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import structlog
+
+from schemas.logs import configure_logging
+from schemas.settings import MintSettings
+from workers.evaluator.core import EvaluatorCore
+from workers.evaluator.worker import EngineHost, run_evaluator_worker
+from workers.serving.engine import EngineConfig
+from workers.serving.main import _stop_on_signals, build
+
+log = structlog.get_logger()
+
+
+def evaluator_main(settings: MintSettings, config: EngineConfig, cache_dir: Path, *,
+                   with_serving: bool = False, with_rollout: bool = False,
+                   base_model_name: str | None = None) -> None:  # fmt: skip
+    configure_logging(settings.log_level, settings.log_format)
+    engine, ws, resolver, store, cluster = build(settings, config, cache_dir)
+    evaluator = EvaluatorCore(engine, ws, resolver, engine_id=config.engine_id)
+    stop = _stop_on_signals()
+    try:
+        if not (with_serving or with_rollout):
+            run_evaluator_worker(settings, evaluator, stop=stop)
+            return
+        from workers.serving.core import ServingCore
+        from workers.serving.rollout import RolloutCore
+        from workers.serving.worker import ServingWorker
+
+        serving = None
+        if with_serving:
+            core = ServingCore(engine, ws, resolver, engine_id=config.engine_id,
+                               base_model=base_model_name or config.model,
+                               max_num_seqs=config.max_num_seqs)  # fmt: skip
+            serving = ServingWorker(settings, core)
+        rollout = RolloutCore(engine, ws, resolver, store, engine_id=config.engine_id) \
+            if with_rollout else None  # fmt: skip
+        host = EngineHost(settings, serving=serving, rollout=rollout, evaluator=evaluator,
+                          engine_id=config.engine_id)  # fmt: skip
+        log.info("engine host stopped", **host.run(stop))
+    finally:
+        engine.close()
+        cluster.shutdown()
