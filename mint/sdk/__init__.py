@@ -1,0 +1,34 @@
+"""The MinT SDK: a client whose verbs are events (create_policy, train, rollout, update,
+evaluate, promote, rollback, infer, history, wait_for) and Tinker-style verbs on top."""
+
+from mint.sdk.client import MintClient, Rollouts, Round, UpdateResult, rollouts_to_examples
+from mint.sdk.exceptions import MintError, RequestFailed, WaitTimeout
+from mint.sdk.tinker import (
+    AdamParams,
+    Datum,
+    SamplingClient,
+    SamplingParams,
+    ServiceClient,
+    TrainingClient,
+)
+from mint.sdk.watcher import Watcher, caused_by, correlated
+
+__all__ = [
+    "AdamParams",
+    "Datum",
+    "MintClient",
+    "MintError",
+    "RequestFailed",
+    "Rollouts",
+    "Round",
+    "SamplingClient",
+    "SamplingParams",
+    "ServiceClient",
+    "TrainingClient",
+    "UpdateResult",
+    "WaitTimeout",
+    "Watcher",
+    "caused_by",
+    "correlated",
+    "rollouts_to_examples",
+]

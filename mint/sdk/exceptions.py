@@ -1,0 +1,15 @@
+"""SDK errors: a base and categories that also inherit the stdlib exception they replace."""
+
+from __future__ import annotations
+
+
+class MintError(Exception):
+    """Base of every SDK error."""
+
+
+class WaitTimeout(MintError, TimeoutError):
+    """The event a call waits for did not arrive in time (a worker is down or refused)."""
+
+
+class RequestFailed(MintError, RuntimeError):
+    """A worker answered with an error result (e.g. infer.failed)."""

@@ -1,0 +1,100 @@
+"""Watch result topics from "now" on and wait for the event that answers a request.
+
+The watcher assigns every partition of the topics and seeks to their end *before* the client
+publishes anything, so an answer can never slip in between (no consumer group, nothing
+committed: a client is a reader). Events are kept (bounded) so that several waits can look.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from kafka import TopicPartition
+
+from mint.sdk.exceptions import WaitTimeout
+from schemas import Envelope, decode_event
+from schemas.exceptions import SchemaError
+from schemas.settings import MintSettings
+from streams.clients import make_consumer
+from streams.topics import topic_for
+
+RESULT_TOPICS = ("rollout.results", "update.results", "export.events", "eval.requests",
+                 "eval.results", "serving.commands", "serving.events", "infer.results")  # fmt: skip
+
+Predicate = Callable[[Envelope[Any]], bool]
+
+
+class Watcher:
+    def __init__(self, settings: MintSettings, topics: Iterable[str] = RESULT_TOPICS,
+                 keep: int = 50_000) -> None:  # fmt: skip
+        self._consumer = make_consumer(settings, group_id=None, client_id="mint-sdk",
+                                       isolation_level="read_committed")  # fmt: skip
+        tps = []
+        for name in topics:
+            topic = topic_for(settings, name)
+            parts = self._consumer.partitions_for_topic(topic) or set()
+            tps += [TopicPartition(topic, p) for p in sorted(parts)]
+        self._consumer.assign(tps)
+        self._consumer.seek_to_end(*tps)
+        for tp in tps:  # resolve the end offsets now, before anything is published
+            self._consumer.position(tp)
+        self._events: deque[Envelope[Any]] = deque(maxlen=keep)
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="mint-sdk-watcher", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            batches = self._consumer.poll(timeout_ms=100)
+            got = []
+            for records in batches.values():
+                for r in records:
+                    try:
+                        got.append(decode_event(r.value))
+                    except SchemaError:
+                        continue  # not ours to judge: the workers dead-letter poison records
+            if got:
+                with self._cond:
+                    self._events.extend(got)
+                    self._cond.notify_all()
+
+    def events(self) -> list[Envelope[Any]]:
+        with self._cond:
+            return list(self._events)
+
+    def wait_for(self, predicate: Predicate, timeout_s: float, what: str) -> Envelope[Any]:
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                for env in self._events:
+                    if predicate(env):
+                        return env
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise WaitTimeout(
+                        f"no {what} within {timeout_s:.0f} s: is the worker that answers it "
+                        "running (`mint worker …`), and did it refuse the request? (see its log, "
+                        "`mint tail`, and the dead letters on the dlq topic)"
+                    )
+                self._cond.wait(min(left, 0.5))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._consumer.close()
+
+
+def caused_by(event_id: uuid.UUID, *types: str) -> Predicate:
+    """Matches the events whose direct cause is ``event_id`` (of one of ``types``, if given)."""
+    return lambda e: e.causation_id == event_id and (not types or e.type in types)
+
+
+def correlated(correlation_id: uuid.UUID, *types: str) -> Predicate:
+    """Matches the events of one chain (same correlation id), optionally of some types."""
+    return lambda e: e.correlation_id == correlation_id and (not types or e.type in types)
