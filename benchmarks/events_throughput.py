@@ -1,13 +1,15 @@
 """Validated events per second, producer → Kafka → consumer loop, on this machine.
 
-Prints ONE JSON line, measured side by side in one run:
+Prints ONE JSON line, measured side by side in one run (``export.completed`` events, ~700 B):
 - ``validate_eps``: encode + decode + pydantic validation alone (no broker): the CPU ceiling;
-- ``produce_eps``: ``EventProducer.publish_many`` (acks=all, idempotent, confirmed) alone;
-- ``pipeline_eps``: producer and ``run_consumer`` running together, from the first send until
-  the consumer's handler has seen every event (each decoded, validated, offset committed);
-- ratios of the pipeline to each.
+- ``produce_eps``: ``EventProducer.publish_many`` (acks=all, idempotent, every send confirmed)
+  with the default settings, and ``produce_batched_eps`` with bigger batches (``BATCHED``);
+- ``consume_eps``: ``run_consumer`` draining a backlog (decode, validate, handler, commit);
+- ``pipeline_eps``: a producer process and the consumer loop running together, from the first
+  send until the handler has seen every event;
+- ratios of these to each other.
 
-    python -m benchmarks.events_throughput            # 20,000 export.completed events
+    python -m benchmarks.events_throughput            # 20,000 events per phase
     python -m benchmarks.events_throughput --smoke    # 300 events (the test)
 
 Topics live under a fresh prefix (bench<random>) and are deleted at the end.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import sys
 import threading
 import time
@@ -28,13 +31,17 @@ from schemas.logs import configure_logging
 from schemas.settings import MintSettings
 from streams import EventProducer, ensure_topics, make_admin, run_consumer
 
+# Bigger batches for bulk producers (replays, backfills); the default keeps linger at 5 ms.
+BATCHED = {"linger_ms": 20, "batch_size": 256 * 1024}
+POLICIES = 64
 
-def _events(n: int, policies: int) -> list:
+
+def _events(n: int) -> list:
     return [
         make_event(
-            example_payload("export.completed", "bench", f"p{i % policies}"),
+            example_payload("export.completed", "bench", f"p{i % POLICIES}"),
             tenant="bench",
-            policy=f"p{i % policies}",
+            policy=f"p{i % POLICIES}",
             producer="bench",
         )  # fmt: skip
         for i in range(n)
@@ -46,70 +53,102 @@ def _publish(producer: EventProducer, events: list, chunk: int = 2000) -> None:
         producer.publish_many(events[i : i + chunk])
 
 
-def run(n: int, policies: int = 64) -> dict[str, object]:
+def _timed_publish(settings: MintSettings, n: int, **options) -> float:
+    events, warm = _events(n), _events(min(n, 500))
+    with EventProducer(settings, **options) as producer:
+        _publish(producer, warm)  # connections and metadata before timing
+        t = time.perf_counter()
+        _publish(producer, events)
+        return time.perf_counter() - t
+
+
+def _producer_process(settings_json: str, n: int, go, done_at) -> None:
+    settings = MintSettings.model_validate_json(settings_json)
+    events = _events(n)
+    with EventProducer(settings) as producer:
+        producer.publish_many(events[:1])  # connect before the clock starts
+        go.wait()
+        _publish(producer, events[1:])
+    done_at.value = time.perf_counter()
+
+
+def run(n: int) -> dict[str, object]:
     settings = MintSettings(topic_prefix=f"bench{uuid.uuid4().hex[:8]}")
     ensure_topics(settings, ["export.events", "dlq"])
     try:
-        events = _events(n, policies)
+        events = _events(n)
         wire = [encode_event(e) for e in events]
-
+        for e in events[:200]:  # warm pydantic's validators before timing
+            decode_event(encode_event(e))
         t = time.perf_counter()
         for e in events:
             decode_event(encode_event(e))
         validate_s = time.perf_counter() - t
 
-        with EventProducer(settings) as producer:
-            t = time.perf_counter()
-            _publish(producer, events)
-            produce_s = time.perf_counter() - t
+        produce_s = _timed_publish(settings, n)
+        batched_s = _timed_publish(settings, n, **BATCHED)
+        backlog = 2 * (n + min(n, 500))
 
-            # Pipeline: a consumer group reads a second copy while it is being produced.
-            second = _events(n, policies)
-            seen = 0
-            done = threading.Event()
+        seen, first = 0, [0.0]
+        done = threading.Event()
 
-            def handle(env, record) -> None:
-                nonlocal seen
-                seen += 1
+        def handle(env, record) -> None:
+            nonlocal seen
+            if seen == 0:
+                first[0] = time.perf_counter()
+            seen += 1
 
-            consumer = threading.Thread(
-                target=run_consumer,
-                args=(settings, ["export.events"], "bench", handle),
-                kwargs={"max_records": 2 * n, "stop": done},
-            )
-            consumer.start()
-            deadline = time.monotonic() + 120
-            while seen < n:  # the first copy: wait until the group is up and caught up
-                if time.monotonic() > deadline or not consumer.is_alive():
-                    raise RuntimeError(f"consumer saw {seen} of {n} events in 120 s")
-                time.sleep(0.01)
-            t = time.perf_counter()
-            _publish(producer, second)
-            while seen < 2 * n:
-                if time.monotonic() > deadline + 120 or not consumer.is_alive():
-                    raise RuntimeError(f"consumer saw {seen} of {2 * n} events")
-                time.sleep(0.001)
-            pipeline_s = time.perf_counter() - t
-            done.set()
-            consumer.join(30)
+        consumer = threading.Thread(target=run_consumer, daemon=True,
+                                    args=(settings, ["export.events"], "bench", handle),
+                                    kwargs={"max_records": backlog + n, "stop": done})  # fmt: skip
+        consumer.start()
+        _wait(lambda: seen >= backlog, consumer, "the backlog")
+        consume_s = time.perf_counter() - first[0]
+
+        ctx = mp.get_context("spawn")
+        go, done_at = ctx.Event(), ctx.Value("d", 0.0)
+        producer = ctx.Process(target=_producer_process,
+                               args=(settings.model_dump_json(), n, go, done_at))  # fmt: skip
+        producer.start()
+        _wait(lambda: seen >= backlog + 1, consumer, "the producer process to connect")
+        t = time.perf_counter()
+        go.set()
+        _wait(lambda: seen >= backlog + n, consumer, "the pipeline")
+        pipeline_s = time.perf_counter() - t
+        producer.join(30)
+        done.set()
+        consumer.join(30)
     finally:
         admin = make_admin(settings)
         admin.delete_topics([settings.topic("export.events"), settings.topic("dlq")])
         admin.close()
-    validate_eps, produce_eps, pipeline_eps = n / validate_s, n / produce_s, n / pipeline_s
+    validate_eps, produce_eps, batched_eps = n / validate_s, n / produce_s, n / batched_s
+    consume_eps, pipeline_eps = backlog / consume_s, (n - 1) / pipeline_s
     return {
         "benchmark": "events_throughput",
         "events": n,
         "event_type": "export.completed",
         "event_bytes": round(sum(map(len, wire)) / n),
-        "policies": policies,
+        "policies": POLICIES,
         "partitions": settings.topic_partitions,
         "validate_eps": round(validate_eps),
         "produce_eps": round(produce_eps),
+        "produce_batched_eps": round(batched_eps),
+        "consume_eps": round(consume_eps),
         "pipeline_eps": round(pipeline_eps),
-        "pipeline_vs_validate": round(pipeline_eps / validate_eps, 3),
+        "batched_vs_default_produce": round(batched_eps / produce_eps, 3),
+        "consume_vs_validate": round(consume_eps / validate_eps, 3),
         "pipeline_vs_produce": round(pipeline_eps / produce_eps, 3),
+        "pipeline_vs_validate": round(pipeline_eps / validate_eps, 3),
     }
+
+
+def _wait(predicate, consumer: threading.Thread, what: str, timeout_s: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline or not consumer.is_alive():
+            raise RuntimeError(f"gave up waiting for {what} after {timeout_s} s")
+        time.sleep(0.001)
 
 
 def main(argv: list[str] | None = None) -> int:
