@@ -27,11 +27,19 @@ class EventProducer:
         self._producer = make_producer(settings, **overrides)
 
     def publish(
-        self, envelope: Envelope[Any], topic: str | None = None, timeout_s: float = 30.0
+        self,
+        envelope: Envelope[Any],
+        topic: str | None = None,
+        timeout_s: float = 30.0,
+        key: bytes | None = None,
     ) -> RecordMetadata:
         """Send one event (to its registry topic unless ``topic`` names a broker topic) and wait
-        for the broker's acknowledgement."""
-        return self.publish_many([envelope], topic, timeout_s)[0]
+        for the broker's acknowledgement. ``key`` overrides ``tenant/policy`` (e.g. one key per
+        alias on the compacted policy.state topic)."""
+        if key is None:
+            return self.publish_many([envelope], topic, timeout_s)[0]
+        target = topic or topic_for_type(self.settings, envelope.type)
+        return self.send_raw(target, encode_event(envelope), key, timeout_s=timeout_s)
 
     def publish_many(
         self, envelopes: list[Envelope[Any]], topic: str | None = None, timeout_s: float = 30.0
