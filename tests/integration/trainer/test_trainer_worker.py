@@ -122,3 +122,30 @@ def read_events_raw(settings, topic: str) -> list[tuple[bytes, bytes]]:
     out = [(r.value, v) for r in consumer for k, v in (r.headers or []) if k == "mint.dlq.error"]
     consumer.close()
     return out
+
+
+def test_two_consumers_share_one_trainer_for_many_policies(settings, live, tiny_llama: Path):
+    from workers.trainer import MultiPolicyTrainer
+
+    rows = [{"prompt": f"the {w} model", "completion": f" {w}"} for w in ("red", "blue")]
+    events = []
+    for n in range(4):
+        policy = f"pol-{n}"
+        path = Path(settings.adapter_store_root) / TENANT / policy / "data" / "d.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        payload = UpdateRequested(base_model=str(tiny_llama), data_uri=path.as_uri(), steps=2,
+                                  batch_size=2, learning_rate=1e-2, seed=n)  # fmt: skip
+        events.append(make_event(payload, tenant=TENANT, policy=policy, producer="sdk/test"))
+    with EventProducer(settings) as producer:
+        producer.publish_many(events)
+    config = TrainerConfig(base_model=str(tiny_llama))
+    trainer = MultiPolicyTrainer(config)
+    ptrs = trainer.base_parameter_ptrs()
+    stats = run_trainer(settings, config, consumers=2, idle_timeout_s=5, trainer=trainer)
+    assert sum(s.handled for s in stats) == 4 and sum(s.dead_lettered for s in stats) == 0
+    assert sorted(trainer.policies) == [f"{TENANT}/pol-{n}" for n in range(4)]
+    assert trainer.base_parameter_ptrs() == ptrs  # four policies, still one base
+    repo = CatalogRepository(live, settings.keyspace)
+    for n in range(4):
+        assert [r.revision for r in repo.iter_revisions(TENANT, f"pol-{n}")] == [1]
