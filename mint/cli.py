@@ -86,21 +86,11 @@ def _print_status() -> bool:
     return all(s.answering for s in rows)
 
 
-@main.command()
-@click.option("--keep-services/--stop-services", default=True, show_default=True,
-              help="Leave Kafka and Cassandra running afterwards.")  # fmt: skip
-def demo(keep_services: bool) -> None:
-    """Run the end-to-end demo: start services, drive one lifecycle, print what happened."""
-    from mint.demo import run_demo
-
-    sys.exit(run_demo(get_settings(), console, keep_services=keep_services))
-
-
 def _register_commands() -> None:
     # Each area owns one module under mint/commands/ and lists its commands there.
-    from mint.commands import catalog, models, streams, workers
+    from mint.commands import catalog, lifecycle, models, streams, workers
 
-    for module in (streams, catalog, models, workers):
+    for module in (streams, catalog, models, workers, lifecycle):
         for command in module.COMMANDS:
             main.add_command(command)
 

@@ -136,3 +136,13 @@ def test_state_is_json_and_kept_per_policy(ctl) -> None:
     assert st["aliases"] == {"prod": 1} and st["baseline"]["1"] == {"reward": 0.9}
     assert [t[0] for t in st["transitions"]] == ["configured", "exported", "evaluated", "promote"]
     assert set(ctl.lifecycle) == {"acme/math", "acme/code"}
+
+
+def test_an_export_read_before_the_configuration_is_still_evaluated() -> None:
+    c = Controller({}, {})
+    assert c.handle(export(1)) == [] and c.handle(export(2)) == []
+    (req,) = c.handle(ev(PolicyConfigured(base_model="tiny", suite="toy")))
+    assert isinstance(req.payload, EvalRequested) and req.payload.revision == 2
+    # Its own request comes back through eval.requests: nothing is requested twice.
+    c.handle(req)
+    assert c.handle(ev(PolicyConfigured(base_model="tiny", suite="toy"))) == []

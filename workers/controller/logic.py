@@ -57,6 +57,7 @@ def empty_state() -> dict[str, Any]:
         "aliases": {},  # alias -> revision
         "evals": {},  # "N" -> latest metrics
         "baseline": {},  # "N" -> metrics when it was promoted
+        "requested": [],  # revisions whose evaluation was requested
         "pending": {},  # eval request id -> {"revision": N, "promote_to": alias | None}
         "transitions": [],  # [type, revision, detail] (the last few, for `mint policies`)
         "recent": [],  # event ids handled
@@ -89,9 +90,16 @@ class Controller:
         if isinstance(p, PolicyConfigured):
             self.configs[pid] = {**p.model_dump(mode="json"), "event_id": str(env.event_id)}
             self._note(st, "configured", None, f"suite={p.suite} gate={_gate(p.thresholds)}")
+            # Topics are not ordered among each other: an export read before its policy's
+            # configuration still gets its evaluation (the latest one not yet requested).
+            if st["revisions"]:
+                latest = max(int(r) for r in st["revisions"])
+                out += self._request_eval(env, st, latest, st["revisions"][str(latest)])
         elif isinstance(p, ExportCompleted):
             out += self._on_export(env, st)
         elif isinstance(p, EvalRequested):
+            if p.revision not in st["requested"]:
+                st["requested"].append(p.revision)
             st["pending"][str(env.event_id)] = {"revision": p.revision,
                                                 "promote_to": p.promote_to}  # fmt: skip
         elif isinstance(p, EvalCompleted):
@@ -116,15 +124,20 @@ class Controller:
         p = env.payload
         st["revisions"][str(p.revision)] = p.adapter_digest
         self._note(st, "exported", p.revision, p.adapter_digest[:19])
-        cfg = self.configs.get(env.policy_id)
-        if not cfg or not cfg["auto_evaluate"]:
+        return self._request_eval(env, st, p.revision, p.adapter_digest)
+
+    def _request_eval(self, cause: Envelope[Any], st: dict, revision: int, digest: str):
+        cfg = self.configs.get(cause.policy_id)
+        if not cfg or not cfg["auto_evaluate"] or revision in st["requested"]:
             return []
+        st["requested"] = (st["requested"] + [revision])[-RECENT:]
         req = EvalRequested(
-            revision=p.revision, adapter_digest=p.adapter_digest, suite=cfg["suite"],
+            revision=revision, adapter_digest=digest, suite=cfg["suite"],
             thresholds=cfg["thresholds"],
             promote_to=cfg["promote_to"] if cfg["auto_promote"] else None,
         )  # fmt: skip
-        return [self._event(req, env, "eval")]
+        return [self._event(req, cause, "eval" if cause.type == "export.completed"
+                            else f"eval:{revision}")]  # fmt: skip
 
     def _on_eval(self, env: Envelope[EvalCompleted], st: dict) -> list[Envelope[Any]]:
         p = env.payload

@@ -1,0 +1,263 @@
+"""`mint policies|revisions|promote|rollback|history|infer|demo`: a policy's lifecycle.
+
+Commands that change something publish the command event and wait for the event it causes
+(``alias.moved``, ``infer.completed``), so they work exactly as the SDK does and need the
+workers running (`mint worker controller`, …). Reads come from the catalog (Cassandra).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import sys
+from collections.abc import Callable
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from schemas.settings import get_settings
+
+console = Console(stderr=True)
+out = Console()
+
+GATE_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._/-]*)\s*(>=|<=)\s*(-?[0-9.eE+-]+)$")
+
+
+def _split(policy_id: str) -> tuple[str, str]:
+    tenant, sep, policy = policy_id.partition("/")
+    if not sep or not tenant or not policy:
+        raise click.BadParameter(f"{policy_id!r} is not tenant/policy (e.g. acme/math-rl)")
+    return tenant, policy.partition("@")[0]
+
+
+def _errors(fn: Callable) -> Callable:
+    """Catalog, broker and wait errors as one red line (exit 1), not a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from catalog.cluster import CassandraUnavailable
+        from catalog.exceptions import CatalogError
+        from mint.sdk import MintError
+        from streams.exceptions import StreamsError
+
+        try:
+            return fn(*args, **kwargs)
+        except (CatalogError, CassandraUnavailable, MintError, StreamsError) as e:
+            console.print(f"[red]error:[/red] {e}")
+            sys.exit(1)
+
+    return wrapper
+
+
+def _client(tenant: str, timeout_s: float = 60.0):
+    from mint.sdk import MintClient
+
+    return MintClient(get_settings(), tenant, producer="cli", timeout_s=timeout_s)
+
+
+def parse_gate(items: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """``reward>=0.6`` ``loss<=2`` → thresholds (both bounds on one metric are allowed)."""
+    gate: dict[str, dict[str, float]] = {}
+    for item in items:
+        m = GATE_RE.match(item.strip())
+        if not m:
+            raise click.BadParameter(f"--gate {item!r} is not METRIC>=VALUE or METRIC<=VALUE "
+                                     "(e.g. --gate reward>=0.6)")  # fmt: skip
+        name, op, value = m.groups()
+        gate.setdefault(name, {})["min" if op == ">=" else "max"] = float(value)
+    return gate
+
+
+# ---------------------------------------------------------------------- policies
+
+
+@click.group("policies")
+def policies() -> None:
+    """List policies and configure their lifecycle (evaluation gate, automatic rollback).
+
+    \b
+    A policy's lifecycle, driven by `mint worker controller`:
+      every exported revision is evaluated on the policy's suite (`mint worker evaluator`);
+      a revision whose metrics meet every --gate threshold is promoted to --promote-to;
+      when an evaluation of the serving revision shows --rollback-metric fallen more than
+      --tolerance below its value at promotion, the alias is rolled back automatically.
+    """
+
+
+@policies.command("list")
+@click.argument("tenant")
+@_errors
+def policies_list(tenant: str) -> None:
+    """The tenant's policies with their aliases and latest revision."""
+    with _client(tenant) as c:
+        table = Table("policy", "base model", "latest", "aliases", "created")
+        for p in c.policies():
+            aliases = ", ".join(f"{a.alias}→{a.revision}" for a in c.aliases(p.policy)) or "-"
+            latest = c.latest_revision(p.policy)
+            table.add_row(p.name, p.base_model[-40:], str(latest or "-"), aliases,
+                          f"{p.created_at:%Y-%m-%d %H:%M:%S}")  # fmt: skip
+    out.print(table)
+
+
+@policies.command("configure")
+@click.argument("policy_id")
+@click.option("--base-model", required=True, help="Base model path or id the policy trains on.")
+@click.option("--suite", required=True, help="Evaluation suite (see workers/evaluator/suites.py).")
+@click.option("--gate", multiple=True, help="Threshold METRIC>=X or METRIC<=X (repeatable).")
+@click.option(
+    "--promote-to", default="prod", show_default=True, help="Alias a passing revision moves to."
+)
+@click.option("--no-auto-promote", is_flag=True, help="Evaluate, but let people promote.")
+@click.option("--rollback-metric", default=None, help="Metric watched on the serving revision.")
+@click.option("--tolerance", default=0.0, show_default=True, help="Allowed drop before rollback.")
+@_errors
+def policies_configure(policy_id, base_model, suite, gate, promote_to, no_auto_promote,
+                       rollback_metric, tolerance) -> None:  # fmt: skip
+    """Publish a policy's lifecycle configuration (policy.configured, compacted topic).
+
+    \b
+    Example:
+      mint policies configure acme/math-rl --base-model ./models/llama --suite toy-even \\
+          --gate reward>=0.6 --rollback-metric reward --tolerance 0.05
+    """
+    tenant, policy = _split(policy_id)
+    with _client(tenant) as c:
+        env = c.create_policy(policy, base_model=base_model, suite=suite,
+                              thresholds=parse_gate(gate), promote_to=promote_to,
+                              auto_promote=not no_auto_promote, rollback_metric=rollback_metric,
+                              rollback_tolerance=tolerance)  # fmt: skip
+    console.print(f"configured {policy_id}: suite {suite}, gate {dict(parse_gate(gate)) or 'none'}"
+                  f" → {promote_to} (event {env.event_id})")  # fmt: skip
+
+
+# ---------------------------------------------------------------------- revisions, history
+
+
+@click.command("revisions")
+@click.argument("policy_id")
+@click.option("--limit", default=20, show_default=True)
+@_errors
+def revisions(policy_id: str, limit: int) -> None:
+    """A policy's revisions, newest first, with the aliases that point at them."""
+    tenant, policy = _split(policy_id)
+    with _client(tenant) as c:
+        by_rev: dict[int, list[str]] = {}
+        for a in c.aliases(policy):
+            by_rev.setdefault(a.revision, []).append(a.alias)
+        table = Table("rev", "digest", "parent", "aliases", "created", "by")
+        for r in c.revisions(policy)[:limit]:
+            table.add_row(str(r.revision), r.digest[:19] + "…", str(r.parent_revision or "-"),
+                          ", ".join(by_rev.get(r.revision, [])) or "",
+                          f"{r.created_at:%Y-%m-%d %H:%M:%S}", r.created_by)  # fmt: skip
+    out.print(table)
+
+
+@click.command("history")
+@click.argument("reference")
+@click.option("--alias", default=None, help="Alias (default: the @alias of REFERENCE, or prod).")
+@click.option("--limit", default=20, show_default=True)
+@_errors
+def history(reference: str, alias: str | None, limit: int) -> None:
+    """An alias's moves (catalog history rows), newest first: who moved it, when and why.
+
+    REFERENCE is tenant/policy or tenant/policy@alias."""
+    tenant, policy = _split(reference)
+    alias = alias or (reference.partition("@")[2] or "prod")
+    with _client(tenant) as c:
+        moves = c.history(policy, alias, limit=limit)
+    table = Table("seq", "from", "to", "kind", "when", "who", "why",
+                  title=f"{tenant}/{policy}@{alias}")  # fmt: skip
+    for m in moves:
+        table.add_row(str(m.seq), str(m.from_revision or "-"), str(m.to_revision or "-"), m.kind,
+                      f"{m.moved_at:%Y-%m-%d %H:%M:%S}", m.moved_by, m.reason)  # fmt: skip
+    out.print(table)
+
+
+# ---------------------------------------------------------------------- promote, rollback, infer
+
+
+@click.command("promote")
+@click.argument("reference")
+@click.option("--alias", default="prod", show_default=True)
+@click.option("--expected", type=int, default=None, help="Move only if the alias is here now.")
+@click.option("--reason", default="", help="Recorded in the alias history.")
+@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for the move.")
+@_errors
+def promote(reference: str, alias: str, expected: int | None, reason: str, timeout: float) -> None:
+    """Move an alias to a revision: `mint promote acme/math-rl@7`.
+
+    Publishes serving.promote; the controller carries it out by compare-and-set on the catalog
+    and publishes alias.moved, which this command waits for."""
+    tenant, policy = _split(reference)
+    rev = reference.partition("@")[2]
+    if not rev.isdigit():
+        raise click.BadParameter(f"{reference!r} names no revision (tenant/policy@N)")
+    with _client(tenant, timeout) as c:
+        moved = c.promote(policy, int(rev), alias=alias, expected_revision=expected, reason=reason)
+    p = moved.payload
+    console.print(f"{tenant}/{policy}@{alias}: {p.from_revision or '-'} → {p.to_revision}")
+
+
+@click.command("rollback")
+@click.argument("policy_id")
+@click.option("--alias", default="prod", show_default=True)
+@click.option("--to", "to_revision", type=int, default=None, help="Default: the previous target.")
+@click.option("--reason", default="", help="Recorded in the alias history.")
+@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for the move.")
+@_errors
+def rollback(policy_id: str, alias: str, to_revision: int | None, reason: str,
+             timeout: float) -> None:  # fmt: skip
+    """Move an alias back (to where it pointed before its latest move, or --to N).
+
+    Two rollbacks in a row return to where they started (like `kubectl rollout undo`)."""
+    tenant, policy = _split(policy_id)
+    with _client(tenant, timeout) as c:
+        moved = c.rollback(policy, alias=alias, to_revision=to_revision, reason=reason)
+    p = moved.payload
+    console.print(f"{tenant}/{policy}@{alias}: {p.from_revision or '-'} → {p.to_revision} "
+                  "(rollback)")  # fmt: skip
+
+
+@click.command("infer")
+@click.argument("reference")
+@click.argument("prompt")
+@click.option("--max-tokens", default=16, show_default=True)
+@click.option("--timeout", default=120.0, show_default=True)
+@_errors
+def infer(reference: str, prompt: str, max_tokens: int, timeout: float) -> None:
+    """Answer PROMPT with tenant/policy@alias or @N (needs a serving worker)."""
+    tenant, policy = _split(reference)
+    target = reference.partition("@")[2] or "prod"
+    with _client(tenant, timeout) as c:
+        kw = {"revision": int(target)} if target.isdigit() else {"alias": target}
+        r = c.infer(policy, prompt, max_tokens=max_tokens, **kw)
+    console.print(f"revision {r.revision} on {r.engine_id} ({r.latency_ms:.0f} ms):")
+    out.print(r.text)
+
+
+# ---------------------------------------------------------------------- demo
+
+
+@click.command("demo")
+@click.option("--rounds", default=8, show_default=True, help="Most GRPO rounds before giving up.")
+@click.option("--gate", default=0.65, show_default=True, help="Eval reward a revision needs.")
+@click.option("--keep-services/--stop-services", default=True, show_default=True,
+              help="Leave Kafka and Cassandra running afterwards.")  # fmt: skip
+def demo(rounds: int, gate: float, keep_services: bool) -> None:
+    """Run the end-to-end demo (3–5 minutes on a laptop CPU).
+
+    \b
+    Starts Kafka and Cassandra, builds a tiny Llama, starts the projector, controller, trainer
+    and one vLLM engine (serving + rollout + evaluation), trains a GRPO policy on a toy reward
+    until a revision passes the evaluation gate, lets the controller promote it, serves
+    requests through prod, rolls back, and shows the served revision change. Prints the
+    lifecycle table and writes a reward-curve PNG.
+    """
+    from mint.demo import run_demo
+
+    sys.exit(run_demo(get_settings(), console, keep_services=keep_services, rounds=rounds,
+                      gate=gate))  # fmt: skip
+
+
+COMMANDS: list[click.Command] = [policies, revisions, history, promote, rollback, infer, demo]
