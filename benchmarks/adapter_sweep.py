@@ -1,0 +1,196 @@
+"""One engine, many adapters: a sweep of N distinct adapters, then Zipf traffic over more adapters
+than the CPU cache holds, demand-grouped waves versus FIFO, side by side on ONE vLLM engine.
+
+- sweep: one request for each of N distinct revisions (stored, fetched, verified, loaded, served,
+  evicted) through the working set (max_loras GPU slots, max_cpu_loras CPU cache);
+- zipf: the same request sequence (Zipf over K > max_cpu_loras adapters, arriving in bursts)
+  served twice from a cold working set: FIFO batches (arrival order, cut where a batch would need
+  one adapter more than the GPU slots) and demand-grouped waves (workers.serving.scheduler: the
+  most-waited-for adapters first, all their waiting requests together). Greedy outputs of the two
+  runs are compared request by request.
+
+Prints ONE JSON line (target: demand / FIFO throughput >= 3).
+
+    python benchmarks/adapter_sweep.py                       # N = 100,000
+    python benchmarks/adapter_sweep.py --adapters 10000
+    python benchmarks/adapter_sweep.py --smoke               # N = 1,000 (what CI runs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PROMPTS = ["hello world", "the cat sat", "2 + 2 =", "once upon a time", "red green blue"]
+
+
+def make_adapters(template: Path, store, fingerprint: str, n: int, work: Path, seed0: int = 0):
+    """``n`` distinct PEFT revisions (the template's keys and config, fresh random weights)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from workers.serving.working_set import AdapterRef
+
+    shapes = {k: tuple(t.shape) for k, t in load_file(str(template / "adapter_model.safetensors"))
+              .items()}  # fmt: skip
+    config = (template / "adapter_config.json").read_text()
+    src = work / "src"
+    refs = []
+    for i in range(n):
+        g = torch.Generator().manual_seed(seed0 + i)
+        src.mkdir(exist_ok=True)
+        save_file({k: torch.randn(s, generator=g) * 0.3 for k, s in shapes.items()},
+                  str(src / "adapter_model.safetensors"))  # fmt: skip
+        (src / "adapter_config.json").write_text(config)
+        policy = f"p{i % 997}"
+        st = store.put(src, tenant="sweep", policy=policy, base_model="tiny",
+                       base_model_fingerprint=fingerprint)  # fmt: skip
+        refs.append(AdapterRef("sweep", policy, i + 1, st.digest, st.uri))
+    return refs
+
+
+def serve(engine, ws, requests, *, fifo: bool, burst: int, max_tokens: int):
+    """Serve (adapter ref, prompt) requests arriving in bursts; returns (seconds, outputs, waves)."""
+    from workers.serving.engine import GenRequest
+    from workers.serving.scheduler import DemandScheduler
+
+    sched: DemandScheduler[int] = DemandScheduler(fifo=fifo)
+    outputs: dict[int, list[int]] = {}
+    waves = 0
+    t0 = time.perf_counter()
+    for start in range(0, len(requests), burst):
+        for i in range(start, min(start + burst, len(requests))):
+            sched.add(requests[i][0].digest, i)
+        while len(sched):
+            wave = sched.next_wave(ws.max_loras, engine.config.max_num_seqs)
+            handles = {}
+            for digest, i in wave:
+                if digest not in handles:
+                    handles[digest] = ws.ensure(requests[i][0])
+            ws.used_in_batch(list(handles))
+            outs = engine.generate([GenRequest(requests[i][1], max_tokens, 0.0,
+                                               lora=handles[d]) for d, i in wave])  # fmt: skip
+            for (_, i), o in zip(wave, outs, strict=True):
+                outputs[i] = o.samples[0].token_ids
+            waves += 1
+    return time.perf_counter() - t0, outputs, waves
+
+
+def zipf_indices(rng: random.Random, k: int, m: int, s: float) -> list[int]:
+    weights = [1.0 / (r + 1) ** s for r in range(k)]
+    return rng.choices(range(k), weights=weights, k=m)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="1,000 adapters, short Zipf run")
+    ap.add_argument("--adapters", type=int, default=None, help="N for the sweep")
+    ap.add_argument("--zipf-adapters", type=int, default=64, help="K (> max_cpu_loras)")
+    ap.add_argument("--zipf-requests", type=int, default=None)
+    ap.add_argument("--zipf-s", type=float, default=1.1)
+    ap.add_argument("--burst", type=int, default=512, help="requests arriving together")
+    ap.add_argument("--max-loras", type=int, default=4)
+    ap.add_argument("--max-cpu-loras", type=int, default=16)
+    ap.add_argument("--sweep-tokens", type=int, default=4, help="max_tokens in the sweep")
+    ap.add_argument("--max-tokens", type=int, default=32, help="max_tokens of Zipf requests")
+    args = ap.parse_args()
+    n = args.adapters or (1000 if args.smoke else 100_000)
+    m = args.zipf_requests or (512 if args.smoke else 2048)
+    if args.zipf_adapters <= args.max_cpu_loras:
+        ap.error("--zipf-adapters must exceed --max-cpu-loras (traffic over more than the cache)")
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from catalog.artifacts import model_fingerprint
+    from catalog.store import AdapterStore
+    from schemas.logs import configure_logging
+    from workers.models import TinySpec, build_tiny
+    from workers.serving.engine import EngineConfig, VllmEngine
+    from workers.serving.working_set import WorkingSet
+
+    configure_logging("WARNING", "console")
+    work = Path(tempfile.mkdtemp(prefix="mint-sweep-"))
+    try:
+        model = build_tiny(TinySpec("llama", "test"), work / "model")
+        fp = model_fingerprint(model)
+        base = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+        peft = get_peft_model(
+            base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])
+        )
+        peft.save_pretrained(work / "template")
+        store = AdapterStore(work / "store")
+        t0 = time.perf_counter()
+        refs = make_adapters(work / "template", store, fp, n, work)
+        build_s = time.perf_counter() - t0
+        engine = VllmEngine(EngineConfig(model=str(model), max_loras=args.max_loras,
+                                         max_cpu_loras=args.max_cpu_loras, max_lora_rank=8,
+                                         max_model_len=64, max_num_seqs=32))  # fmt: skip
+
+        def fresh_ws(name: str) -> WorkingSet:
+            return WorkingSet(engine, store, work / f"cache-{name}", base_model_fingerprint=fp,
+                              max_loras=args.max_loras, max_cpu_loras=args.max_cpu_loras,
+                              max_disk_loras=4 * args.max_cpu_loras,
+                              max_lora_rank=8)  # fmt: skip
+
+        rng = random.Random(0)
+        try:
+            ws = fresh_ws("sweep")
+            sweep_reqs = [(r, rng.choice(PROMPTS)) for r in refs]
+            sweep_s, sweep_out, sweep_waves = serve(engine, ws, sweep_reqs, fifo=False,
+                                                    burst=args.burst,
+                                                    max_tokens=args.sweep_tokens)  # fmt: skip
+            sweep_counters = ws.counters.as_dict()
+            ws.clear()
+
+            hot = refs[: args.zipf_adapters]
+            zreqs = [(hot[i], rng.choice(PROMPTS))
+                     for i in zipf_indices(rng, len(hot), m, args.zipf_s)]  # fmt: skip
+            runs = {}
+            for mode in ("fifo", "demand"):
+                ws = fresh_ws(mode)
+                secs, out, waves = serve(engine, ws, zreqs, fifo=mode == "fifo", burst=args.burst,
+                                         max_tokens=args.max_tokens)  # fmt: skip
+                runs[mode] = dict(seconds=secs, out=out, waves=waves, **ws.counters.as_dict())
+                ws.clear()
+        finally:
+            engine.close()
+        same = sum(runs["fifo"]["out"][i] == runs["demand"]["out"][i] for i in range(m)) / m
+        ratio = (m / runs["demand"]["seconds"]) / (m / runs["fifo"]["seconds"])
+
+        def summary(r):
+            return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
+                    if k != "out"}  # fmt: skip
+
+        print(json.dumps({
+            "benchmark": "adapter_sweep", "smoke": args.smoke, "adapters": n,
+            "build_adapters_s": round(build_s, 2),
+            "sweep_s": round(sweep_s, 2), "sweep_adapters_per_s": round(n / sweep_s, 1),
+            "sweep_served": len(sweep_out), "sweep_waves": sweep_waves,
+            "sweep_loads": sweep_counters["loads"], "sweep_evictions": sweep_counters["evictions"],
+            "max_loras": args.max_loras, "max_cpu_loras": args.max_cpu_loras,
+            "zipf_adapters": args.zipf_adapters, "zipf_requests": m, "zipf_s": args.zipf_s,
+            "burst": args.burst, "max_tokens": args.max_tokens, "fifo": summary(runs["fifo"]), "demand": summary(runs["demand"]),
+            "fifo_req_per_s": round(m / runs["fifo"]["seconds"], 1),
+            "demand_req_per_s": round(m / runs["demand"]["seconds"], 1),
+            "demand_over_fifo": round(ratio, 2), "outputs_equal_share": round(same, 4),
+            "target": 3.0, "target_met": ratio >= 3.0,
+        }))  # fmt: skip
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""The serving benchmarks' smoke modes: each prints one JSON line with its side-by-side figures.
+
+Named to run before the other serving tests, so its engines (one at a time, in child processes)
+never run beside the session's engine.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def run_benchmark(name: str) -> dict:
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / name), "--smoke"],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert len(lines) == 1, proc.stdout[-2000:]
+    return json.loads(lines[0])
+
+
+def test_handoff_latency_smoke() -> None:
+    r = run_benchmark("handoff_latency.py")
+    assert r["benchmark"] == "handoff_latency" and r["smoke"] is True
+    assert r["checkpoint_bytes"] > r["adapter_bytes"] > 0
+    assert r["adapter_handoff_s"] > 0 and r["merged_handoff_s"] > 0
+    assert r["rl_step_ratio"] > 0
+    assert r["merged_matches_adapter_share"] >= 0.75  # the merged reload really serves
+
+
+def test_adapter_sweep_smoke() -> None:
+    r = run_benchmark("adapter_sweep.py")
+    assert r["benchmark"] == "adapter_sweep" and r["adapters"] == 1000
+    assert r["sweep_served"] == 1000 and r["sweep_loads"] == 1000
+    assert r["zipf_adapters"] > r["max_cpu_loras"]
+    assert r["outputs_equal_share"] == 1.0  # grouping changes the order, never the answers
+    assert r["demand"]["waves"] < r["fifo"]["waves"]
