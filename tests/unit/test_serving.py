@@ -76,10 +76,11 @@ def store(tmp_path: Path) -> AdapterStore:
     return AdapterStore(tmp_path / "store")
 
 
-def put(store: AdapterStore, tmp_path: Path, seed: int, rank: int = 4, fp: str = FP) -> AdapterRef:
+def put(store: AdapterStore, tmp_path: Path, seed: int, rank: int = 4, fp: str = FP,
+        policy: str = "p") -> AdapterRef:  # fmt: skip
     src = write_adapter(tmp_path / f"src{seed}-{uuid.uuid4().hex[:6]}", seed, rank)
-    s = store.put(src, tenant="acme", policy="p", base_model="tiny", base_model_fingerprint=fp)
-    return AdapterRef("acme", "p", seed + 1, s.digest, s.uri)
+    s = store.put(src, tenant="acme", policy=policy, base_model="tiny", base_model_fingerprint=fp)
+    return AdapterRef("acme", policy, seed + 1, s.digest, s.uri)
 
 
 def make_ws(store, tmp_path, engine, **kw) -> WorkingSet:

@@ -76,7 +76,8 @@ class ServingWorker:
                 self._publish(core.on_alias_moved(env))
             elif isinstance(env.payload, (AdapterLoaded, LoadFailed)):
                 self._publish(core.on_load_event(env))
-        self._events.commit()
+        if events:
+            self._events.commit()
         n += len(events)
 
         reqs = self._poll(self._infer, timeout_ms)

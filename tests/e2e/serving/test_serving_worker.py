@@ -53,9 +53,11 @@ def test_alias_move_changes_output_without_restart(stack, variant_factory, hf_re
     seen = stack.resolver.invalidations
     promote(stack, t, "chat", r2.revision)
     stack.step_until(lambda: stack.resolver.invalidations > seen)
+    # The promotion prefetched the new revision: the next request finds it warm.
+    stack.step_until(lambda: stack.ws.resident(r2.digest))
     after = stack.request(t, "chat", "after", PROMPTS[0], max_tokens=6)
     got2 = stack.serve([after])["after"]
-    assert got2.payload.revision == r2.revision
+    assert got2.payload.revision == r2.revision and got2.payload.cold_load is False
     check_against_hf(stack, hf_reference, tokenizer, after, got2)
     assert got2.payload.token_ids != got.payload.token_ids
     assert stack.resolver.invalidations >= 1

@@ -1,0 +1,103 @@
+"""ServingCore without Kafka or vLLM: requests for one cold adapter wait together behind one
+load request, loads run in order of waiting demand, and every request gets a result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from catalog.exceptions import AliasNotFound
+from catalog.models import Resolved
+from catalog.store import AdapterStore
+from schemas import make_event
+from schemas.events import (
+    AdapterLoaded,
+    InferCompleted,
+    InferFailed,
+    InferRequested,
+    LoadFailed,
+    LoadRequested,
+)
+from workers.serving.core import ServingCore
+from workers.serving.engine import GenResult, GenSample
+from workers.serving.resolution import ResolutionCache
+from workers.serving.working_set import WorkingSet
+
+from .test_serving import FP, FakeEngine, put
+
+
+class GenEngine(FakeEngine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[list[int]] = []
+
+    def generate(self, requests):
+        self.batches.append([r.lora.lora_id for r in requests])
+        return [GenResult([1, 2], [GenSample(f"out-{r.lora.lora_id}", [r.lora.lora_id % 97],
+                                             [], "length")]) for r in requests]  # fmt: skip
+
+
+@pytest.fixture
+def setup(tmp_path: Path):
+    store = AdapterStore(tmp_path / "store")
+    refs = {f"p{i}": put(store, tmp_path, i, policy=f"p{i}") for i in range(3)}
+    engine = GenEngine()
+    ws = WorkingSet(engine, store, tmp_path / "cache", base_model_fingerprint=FP, max_loras=2,
+                    max_cpu_loras=2, max_disk_loras=10, max_lora_rank=8)  # fmt: skip
+
+    def resolve(ref: str) -> Resolved:
+        path, _, target = ref.partition("@")
+        policy = path.split("/")[1]
+        if policy not in refs:
+            raise AliasNotFound(f"alias {ref} points nowhere")
+        r = refs[policy]
+        return Resolved("acme", policy, r.revision, r.digest, r.store_uri, "prod")
+
+    core = ServingCore(engine, ws, ResolutionCache(resolve), engine_id="e0", base_model="tiny")
+    return core, refs, engine
+
+
+def req(policy: str, rid: str):
+    return make_event(InferRequested(request_id=rid, prompt="hi", max_tokens=2), tenant="acme",
+                      policy=policy, producer="test")  # fmt: skip
+
+
+def test_cold_requests_wait_together_and_load_by_demand(setup) -> None:
+    core, refs, engine = setup
+    out = []
+    for i, policy in enumerate(["p0", "p1", "p1", "p1", "p0", "nosuch"]):
+        out += core.on_infer(req(policy, f"r{i}"))
+    loads = [e for e in out if isinstance(e.payload, LoadRequested)]
+    failed = [e for e in out if isinstance(e.payload, InferFailed)]
+    assert [e.policy for e in loads] == ["p0", "p1"]  # one load per adapter
+    assert failed[0].payload.stage == "resolve" and "points nowhere" in failed[0].payload.error
+    results = core.on_load_requests(loads)
+    kinds = [type(e.payload).__name__ for e in results]
+    assert kinds.count("AdapterLoaded") == 2 and kinds.count("InferCompleted") == 5
+    # p1 (3 waiting) loaded and served before p0 (2 waiting).
+    assert results[0].payload.adapter_digest == refs["p1"].digest
+    done = [e.payload for e in results if isinstance(e.payload, InferCompleted)]
+    assert all(p.cold_load and p.revision >= 1 for p in done)
+    assert {p.request_id for p in done} == {"r0", "r1", "r2", "r3", "r4"}
+    # Now warm: served without a load request.
+    assert core.on_infer(req("p1", "warm")) == []
+    warm = core.serve()
+    assert len(warm) == 1 and warm[0].payload.cold_load is False
+
+
+def test_failed_load_fails_every_waiting_request(setup, tmp_path) -> None:
+    core, refs, _ = setup
+    weights = Path(refs["p2"].store_uri.removeprefix("file://")) / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8] + b"\0" * 8)
+    out = core.on_infer(req("p2", "a")) + core.on_infer(req("p2", "b"))
+    out += core.on_infer(req("p0", "c"))
+    loads = [e for e in out if isinstance(e.payload, LoadRequested)]
+    results = core.on_load_requests(loads)
+    failed = [e.payload for e in results if isinstance(e.payload, LoadFailed)]
+    errors = {e.payload.request_id: e.payload for e in results
+              if isinstance(e.payload, InferFailed)}  # fmt: skip
+    assert len(failed) == 1 and "AdapterDigestMismatch" in failed[0].error
+    assert set(errors) == {"a", "b"} and all(e.stage == "load" for e in errors.values())
+    assert any(isinstance(e.payload, AdapterLoaded) for e in results)
+    assert [e.payload.request_id for e in results if isinstance(e.payload, InferCompleted)] == ["c"]
