@@ -17,11 +17,13 @@ from cassandra.cluster import Session
 from catalog.cluster import connect
 from catalog.exceptions import MigrationError
 from catalog.migrate import applied_versions, load_migrations, migrate
-from catalog.projection import apply_event
+from catalog.projection import Outcome, apply_event
 from catalog.repository import CatalogRepository
 from schemas.logs import configure_logging
 from schemas.settings import MintSettings, get_settings
 from streams.consumer import ConsumerStats, RetryPolicy, run_consumer
+from streams.producer import EventProducer
+from streams.topics import POLICY_STATE, topic_for
 
 log = structlog.get_logger()
 
@@ -65,11 +67,18 @@ def run_projector(
             migrate(session, settings.keyspace, settings.keyspace_replication)
         check_schema(session, settings.keyspace)
         repo = CatalogRepository(session, settings.keyspace)
+        producer = EventProducer(settings)
+        state_topic = topic_for(settings, POLICY_STATE)
         outcomes: dict[str, int] = {}
 
         def handle(env, record) -> None:
             outcome = apply_event(repo, env)
             outcomes[outcome.value] = outcomes.get(outcome.value, 0) + 1
+            if env.type == "alias.moved" and _is_current_move(repo, env, outcome):
+                # Latest pointer per alias on the compacted topic: an engine learns every alias
+                # from one read of it.
+                key = f"{env.policy_id}@{env.payload.alias}".encode()
+                producer.send_raw(state_topic, record.value, key)
             log.debug("projected", outcome=outcome.value, topic=record.topic,
                       offset=record.offset)  # fmt: skip
 
@@ -79,9 +88,21 @@ def run_projector(
             idle_timeout_s=idle_timeout_s, max_records=max_records, **consumer_options,
         )  # fmt: skip
         log.info("projector stopped", keyspace=settings.keyspace, **outcomes)
+        producer.close()
         return stats
     finally:
         cluster.shutdown()
+
+
+def _is_current_move(repo: CatalogRepository, env, outcome: Outcome) -> bool:
+    """A move just applied, or a duplicate that is still the alias's latest move (the crash may
+    have come between the catalog write and the send); never a stale move seen again."""
+    if outcome is Outcome.APPLIED:
+        return True
+    if outcome is Outcome.DUPLICATE:
+        alias = repo.get_alias(env.tenant, env.policy, env.payload.alias)
+        return alias.last_event_id == env.event_id
+    return False
 
 
 def main(auto_migrate: bool = False) -> None:

@@ -62,6 +62,8 @@ def test_projector_applies_log_with_duplicates_and_rebuild_matches(settings, liv
         (3, 2, "rollback"), (2, 3, "promote"), (None, 2, "promote"),
     ]  # fmt: skip
     assert hist[-1].moved_by == "alice" and hist[0].moved_at == T0 + timedelta(minutes=42)
+    # One pointer per move, in order; the stale redelivered first move is not re-published.
+    assert _policy_state(settings) == {f"{tenant}/a@prod".encode(): [2, 3, 2]}
 
     # Rebuild from the log (library path) into an empty keyspace: identical to the live catalog.
     target = f"{settings.keyspace}_rb"
@@ -86,3 +88,23 @@ def test_projector_applies_log_with_duplicates_and_rebuild_matches(settings, liv
     )  # fmt: skip
     assert "identical" in cli.stderr, cli.stderr
     assert "refused" in cli.stderr and cli.returncode == 1
+
+
+def _policy_state(settings) -> dict[bytes, list[int]]:
+    """Every pointer on the (compacted, not yet cleaned) policy.state topic, per alias key."""
+    from kafka import TopicPartition
+
+    from schemas import decode_event
+    from streams.clients import make_consumer
+    from streams.topics import POLICY_STATE, topic_for
+
+    topic = topic_for(settings, POLICY_STATE)
+    consumer = make_consumer(settings, group_id=None, consumer_timeout_ms=3000)
+    parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)]
+    consumer.assign(parts)
+    consumer.seek_to_beginning(*parts)
+    pointers: dict[bytes, list[int]] = {}
+    for m in consumer:
+        pointers.setdefault(m.key, []).append(decode_event(m.value).payload.to_revision)
+    consumer.close()
+    return pointers
