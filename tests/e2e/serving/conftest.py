@@ -82,6 +82,10 @@ def variant_factory(adapter_template: Path, tmp_path_factory):
     return make
 
 
+_ENGINES: list = []  # the session engine, so the hook below can stop it early
+HERE = Path(__file__).parent
+
+
 @pytest.fixture(scope="session")
 def serving_engine(tiny_llama: Path) -> Iterator:
     from workers.serving.engine import EngineConfig, VllmEngine
@@ -90,8 +94,21 @@ def serving_engine(tiny_llama: Path) -> Iterator:
         model=str(tiny_llama), max_loras=4, max_cpu_loras=8, max_lora_rank=16,
         max_model_len=128, max_num_seqs=32, dtype="float32",
     ))  # fmt: skip
+    _ENGINES.append(engine)
     yield engine
-    engine.close()
+    _stop_engines()
+
+
+def _stop_engines() -> None:
+    while _ENGINES:
+        _ENGINES.pop().close()
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop the engine after the last serving test, not at session end: the tests after these
+    (trainer, …) get the CPU and memory, and no second engine ever runs beside this one."""
+    if _ENGINES and (nextitem is None or HERE not in Path(nextitem.fspath).parents):
+        _stop_engines()
 
 
 class HfReference:
