@@ -8,20 +8,36 @@ from pathlib import Path
 from typing import Any, Self
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from workers.trainer.exceptions import BadBatch
 
 
 class SftExample(BaseModel):
-    """A prompt and the completion to learn (text, or token ids when the caller tokenized)."""
+    """A prompt and the completion to learn (text, or token ids when the caller tokenized).
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    Also reads the rollout workers' rows (``workers.serving.rollout``): ``prompt_token_ids``,
+    ``token_ids`` and ``prompt_index`` are accepted for ``prompt_ids``, ``completion_ids`` and
+    ``group``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
 
     prompt: str = ""
     completion: str = ""
-    prompt_ids: list[int] | None = None
-    completion_ids: list[int] | None = None
+    prompt_ids: list[int] | None = Field(
+        None, validation_alias=AliasChoices("prompt_ids", "prompt_token_ids")
+    )
+    completion_ids: list[int] | None = Field(
+        None, validation_alias=AliasChoices("completion_ids", "token_ids")
+    )
 
     @model_validator(mode="after")
     def _has_completion(self) -> Self:
@@ -34,7 +50,10 @@ class Rollout(SftExample):
     """One sampled completion with its reward, its group (prompt) and its sampling logprobs."""
 
     reward: float
-    group: str | int = Field(description="samples of one prompt share a group")
+    group: str | int = Field(
+        description="samples of one prompt share a group",
+        validation_alias=AliasChoices("group", "prompt_index"),
+    )
     logprobs: list[float] | None = Field(
         None, description="log π_rollout of each completion token; None: on-policy (ratio 1)"
     )
