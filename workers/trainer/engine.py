@@ -324,7 +324,10 @@ class MultiPolicyTrainer:
 
         def snapshot():
             state = self.policy(policy_id)
-            sd = get_peft_model_state_dict(self.model, adapter_name=state.adapter)
+            # LoRA tensors only: with lm_head targeted, PEFT's default would add the base
+            # lm_head weight, which a MinT revision (and the store) refuses.
+            sd = get_peft_model_state_dict(self.model, adapter_name=state.adapter,
+                                           save_embedding_layers=False)  # fmt: skip
             tensors = {k: v.detach().to(torch.float32).contiguous().clone() for k, v in sd.items()}
             return tensors, self.model.peft_config[state.adapter]
 

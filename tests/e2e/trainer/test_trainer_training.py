@@ -135,3 +135,22 @@ def test_resume_from_a_stored_revision(tiny_llama: Path, tmp_path: Path) -> None
     )  # fmt: skip
     loss = second.sft_step("acme/a", batch, lr=1e-2).loss
     assert loss == pytest.approx(first.sft_step("acme/a", batch, lr=1e-2).loss, abs=0.05)
+
+
+def test_lm_head_lora_exports_lora_tensors_only(tiny_llama: Path, tmp_path: Path) -> None:
+    trainer = MultiPolicyTrainer(TrainerConfig(base_model=str(tiny_llama)),
+                                 store=AdapterStore(tmp_path / "store"))  # fmt: skip
+    trainer.add_policy("acme/rl", LoraShape(rank=8, alpha=16, target_modules=["q_proj", "lm_head"]),
+                       seed=0)  # fmt: skip
+    batch = trainer.collate(TOY_SFT)
+    trainer.sft_step("acme/rl", batch, lr=1e-2)
+    stored = trainer.export("acme/rl", "acme", "rl")
+    keys = load_file(str(stored.path / "adapter_model.safetensors")).keys()
+    assert all(".lora_A." in k or ".lora_B." in k for k in keys)  # no base lm_head copy
+    peft_model = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(str(tiny_llama)), str(stored.path)
+    ).eval()
+    with torch.no_grad():
+        expected = peft_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    mine = trainer.logits("acme/rl", batch.input_ids, batch.attention_mask)
+    torch.testing.assert_close(mine, expected, atol=1e-5, rtol=0)
