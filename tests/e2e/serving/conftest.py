@@ -104,6 +104,7 @@ def _stop_engines() -> None:
         _ENGINES.pop().close()
 
 
+@pytest.hookimpl(trylast=True)  # after the item's fixtures (which may still use it) tore down
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     """Stop the engine after the last serving test, not at session end: the tests after these
     (trainer, …) get the CPU and memory, and no second engine ever runs beside this one."""
