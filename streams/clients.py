@@ -51,7 +51,14 @@ def make_consumer(settings: MintSettings, *topics: str, **overrides: Any) -> Kaf
     }
     options.update(overrides)
     try:
-        return KafkaConsumer(*topics, **options)
+        consumer = KafkaConsumer(**options)
+        if topics:
+            # Metadata first: a group leader that lacks a topic's metadata when it assigns gives
+            # that topic's partitions to nobody until its next metadata refresh (minutes).
+            for topic in topics:
+                consumer.partitions_for_topic(topic)
+            consumer.subscribe(list(topics))
+        return consumer
     except KafkaTimeoutError as e:  # kafka-python 3 raises this when bootstrap fails
         raise _unavailable(settings, e) from e
 

@@ -14,7 +14,7 @@ def worker() -> None:
 @click.option("--migrate/--no-migrate", "auto_migrate", default=False, show_default=True,
               help="Apply pending catalog migrations before consuming.")  # fmt: skip
 def projector(auto_migrate: bool) -> None:
-    """Apply export and alias-moved events to the Cassandra catalog (group catalog-projector)."""
+    """Apply export and alias-moved events to the Cassandra catalog (group <prefix>-catalog-projector)."""
     from workers.projector import main
 
     main(auto_migrate=auto_migrate)

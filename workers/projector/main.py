@@ -111,7 +111,10 @@ def main(auto_migrate: bool = False) -> None:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    run_projector(settings, stop=stop, auto_migrate=auto_migrate)
+    # The group carries the topic prefix: deployments (and test runs) sharing a broker never
+    # share a consumer group, so one never waits on another's rebalance.
+    run_projector(settings, stop=stop, auto_migrate=auto_migrate,
+                  group_id=f"{settings.topic_prefix}-{PROJECTOR_GROUP}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -277,4 +277,7 @@ def main(base_model: str | None = None, backend: str = "torch", consumers: int =
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     config = TrainerConfig(base_model=model, backend=backend)  # type: ignore[arg-type]
-    run_trainer(settings, config, stop=stop, consumers=consumers)
+    # The group carries the topic prefix: deployments (and test runs) sharing a broker never
+    # share a consumer group, so one never waits on another's rebalance.
+    run_trainer(settings, config, stop=stop, consumers=consumers,
+                group_id=f"{settings.topic_prefix}-{TRAINER_GROUP}")  # fmt: skip
