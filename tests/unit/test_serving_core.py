@@ -12,6 +12,7 @@ from catalog.models import Resolved
 from catalog.store import AdapterStore
 from schemas import make_event
 from schemas.events import (
+    AdapterEvicted,
     AdapterLoaded,
     InferCompleted,
     InferFailed,
@@ -84,6 +85,12 @@ def test_cold_requests_wait_together_and_load_by_demand(setup) -> None:
     assert core.on_infer(req("p1", "warm")) == []
     warm = core.serve()
     assert len(warm) == 1 and warm[0].payload.cold_load is False
+    # Loading p2 into the full CPU cache (2 slots) evicts the LRU adapter, as an event.
+    loads = core.on_infer(req("p2", "third"))
+    core.on_load_requests(loads)
+    evicted = core.drain_events()
+    assert [e.payload.adapter_digest for e in evicted] == [refs["p0"].digest]
+    assert isinstance(evicted[0].payload, AdapterEvicted) and evicted[0].payload.reason == "lru"
 
 
 def test_failed_load_fails_every_waiting_request(setup, tmp_path) -> None:

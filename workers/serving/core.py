@@ -16,6 +16,7 @@ import structlog
 from catalog.exceptions import CatalogError
 from schemas.envelope import Envelope, make_event
 from schemas.events import (
+    AdapterEvicted,
     AdapterLoaded,
     AliasMoved,
     InferCompleted,
@@ -67,6 +68,20 @@ class ServingCore:
         self.waiting: DemandScheduler[Pending] = DemandScheduler()
         self._wait_since: dict[str, float] = {}
         self.stats = {"completed": 0, "failed": 0, "waves": 0, "load_requests": 0}
+        self._evicted: list[Envelope[Any]] = []
+        if working_set.on_evict is None:
+            working_set.on_evict = self._on_evict
+
+    def _on_evict(self, ref: AdapterRef, tier: str, reason: str) -> None:
+        """Evictions become load.evicted events, published with the next batch of output."""
+        self._evicted.append(make_event(
+            AdapterEvicted(engine_id=self.engine_id, revision=ref.revision,
+                           adapter_digest=ref.digest, tier=tier, reason=reason),
+            tenant=ref.tenant, policy=ref.policy, producer=self.producer_name))  # fmt: skip
+
+    def drain_events(self) -> list[Envelope[Any]]:
+        out, self._evicted = self._evicted, []
+        return out
 
     # Inputs.
 

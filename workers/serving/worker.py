@@ -64,6 +64,7 @@ class ServingWorker:
         return out
 
     def _publish(self, envs: list) -> None:
+        envs = envs + self.core.drain_events()
         if envs:
             self.producer.publish_many(envs)
 
