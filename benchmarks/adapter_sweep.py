@@ -101,6 +101,7 @@ def main() -> None:
     ap.add_argument("--burst", type=int, default=512, help="requests arriving together")
     ap.add_argument("--max-loras", type=int, default=4)
     ap.add_argument("--max-cpu-loras", type=int, default=16)
+    ap.add_argument("--max-num-seqs", type=int, default=32, help="engine batch size")
     ap.add_argument("--sweep-tokens", type=int, default=4, help="max_tokens in the sweep")
     ap.add_argument("--max-tokens", type=int, default=32, help="max_tokens of Zipf requests")
     args = ap.parse_args()
@@ -137,7 +138,7 @@ def main() -> None:
         build_s = time.perf_counter() - t0
         engine = VllmEngine(EngineConfig(model=str(model), max_loras=args.max_loras,
                                          max_cpu_loras=args.max_cpu_loras, max_lora_rank=8,
-                                         max_model_len=64, max_num_seqs=32))  # fmt: skip
+                                         max_model_len=64, max_num_seqs=args.max_num_seqs))  # fmt: skip
 
         def fresh_ws(name: str) -> WorkingSet:
             return WorkingSet(engine, store, work / f"cache-{name}", base_model_fingerprint=fp,
@@ -180,7 +181,7 @@ def main() -> None:
             "sweep_s": round(sweep_s, 2), "sweep_adapters_per_s": round(n / sweep_s, 1),
             "sweep_served": len(sweep_out), "sweep_waves": sweep_waves,
             "sweep_loads": sweep_counters["loads"], "sweep_evictions": sweep_counters["evictions"],
-            "max_loras": args.max_loras, "max_cpu_loras": args.max_cpu_loras,
+            "max_loras": args.max_loras, "max_num_seqs": args.max_num_seqs, "max_cpu_loras": args.max_cpu_loras,
             "zipf_adapters": args.zipf_adapters, "zipf_requests": m, "zipf_s": args.zipf_s,
             "burst": args.burst, "max_tokens": args.max_tokens, "fifo": summary(runs["fifo"]), "demand": summary(runs["demand"]),
             "fifo_req_per_s": round(m / runs["fifo"]["seconds"], 1),
