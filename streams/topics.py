@@ -54,6 +54,12 @@ _SPECS = [
     TopicSpec("infer.results", "infer.completed (downstream results)", retention_ms=DAY_MS),
     TopicSpec("dlq", "dead letters: original bytes + mint.dlq.* headers", retention_ms=30 * DAY_MS),
     TopicSpec("policy.state", "latest alias pointers per policy (compacted)", compacted=True),
+    TopicSpec(
+        "policy.config",
+        "policy.configured: each policy's lifecycle configuration "
+        "(evaluation gate, rollback rule; compacted)",
+        compacted=True,
+    ),
 ]
 TOPICS: dict[str, TopicSpec] = {s.name: s for s in _SPECS}
 DLQ = "dlq"

@@ -113,12 +113,14 @@ class MintClient:
         return env
 
     def wait_for(self, predicate: Predicate, *, timeout_s: float | None = None,
-                 what: str = "event") -> Envelope[Any]:  # fmt: skip
-        """The first event (seen since this client started) that matches ``predicate``."""
-        return self.watcher.wait_for(predicate, timeout_s or self.timeout_s, what)
+                 what: str = "event", request: Envelope[Any] | None = None) -> Envelope[Any]:  # fmt: skip
+        """The first event (seen since this client started) that matches ``predicate``; fails
+        fast when ``request`` was dead-lettered."""
+        return self.watcher.wait_for(predicate, timeout_s or self.timeout_s, what,
+                                     request.event_id if request is not None else None)  # fmt: skip
 
     def wait_caused_by(self, cmd: Envelope[Any], *types: str, timeout_s: float | None = None):
-        return self.wait_for(caused_by(cmd.event_id, *types), timeout_s=timeout_s,
+        return self.wait_for(caused_by(cmd.event_id, *types), timeout_s=timeout_s, request=cmd,
                              what=f"{'/'.join(types) or 'answer'} to {cmd.type} {cmd.event_id}")  # fmt: skip
 
     @property
@@ -219,7 +221,7 @@ class MintClient:
         self, policy: str, prompts: list[str], *, rounds: int = 3, reward: str = "length",
         samples_per_prompt: int = 4, max_tokens: int = 8, temperature: float = 1.0,
         learning_rate: float = 1e-2, steps_per_round: int = 1, lora: LoraSpec | None = None,
-        start_revision: int | None = None,
+        start_revision: int | None = None, seed: int = 0,
         on_round: Callable[[Round], None] | None = None,
     ) -> list[Round]:  # fmt: skip
         """The RL loop (GRPO): sample the latest revision, score, update, export; repeat.
@@ -234,7 +236,7 @@ class MintClient:
         for i in range(1, rounds + 1):
             ro = self.rollout(policy, prompts, revision=latest, reward=reward,
                               samples_per_prompt=samples_per_prompt, max_tokens=max_tokens,
-                              temperature=temperature, seed=i)  # fmt: skip
+                              temperature=temperature, seed=seed * 1000 + i)  # fmt: skip
             examples = rollouts_to_examples(ro.rows)
             up = self.update(policy, examples, objective="rl", parent_revision=latest,
                              steps=steps_per_round, learning_rate=learning_rate,
@@ -285,7 +287,8 @@ class MintClient:
                                                temperature=temperature))  # fmt: skip
         got = self.wait_for(lambda e: e.type in ("infer.completed", "infer.failed")
                             and e.policy_id == cmd.policy_id
-                            and e.payload.request_id == rid, what=f"result of request {rid}")  # fmt: skip
+                            and e.payload.request_id == rid, what=f"result of request {rid}",
+                            request=cmd)  # fmt: skip
         if got.type == "infer.failed":
             raise RequestFailed(f"request {rid} failed at {got.payload.stage}: "
                                 f"{got.payload.error}")  # fmt: skip

@@ -16,15 +16,17 @@ from typing import Any
 
 from kafka import TopicPartition
 
-from mint.sdk.exceptions import WaitTimeout
+from mint.sdk.exceptions import RequestFailed, WaitTimeout
 from schemas import Envelope, decode_event
+from schemas.events import DeadLetter
 from schemas.exceptions import SchemaError
 from schemas.settings import MintSettings
 from streams.clients import make_consumer
-from streams.topics import topic_for
+from streams.topics import DLQ, topic_for
 
 RESULT_TOPICS = ("rollout.results", "update.results", "export.events", "eval.requests",
-                 "eval.results", "serving.commands", "serving.events", "infer.results")  # fmt: skip
+                 "eval.results", "serving.commands", "serving.events", "infer.results",
+                 "dlq")  # fmt: skip
 
 Predicate = Callable[[Envelope[Any]], bool]
 
@@ -44,6 +46,8 @@ class Watcher:
         for tp in tps:  # resolve the end offsets now, before anything is published
             self._consumer.position(tp)
         self._events: deque[Envelope[Any]] = deque(maxlen=keep)
+        self._dlq = topic_for(settings, DLQ)
+        self.dead: dict[str, DeadLetter] = {}  # event id -> why a worker gave up on it
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mint-sdk-watcher", daemon=True)
@@ -55,6 +59,13 @@ class Watcher:
             got = []
             for records in batches.values():
                 for r in records:
+                    if r.topic == self._dlq:
+                        letter = DeadLetter.from_headers(r.headers or [])
+                        if letter.event_id:
+                            with self._cond:
+                                self.dead[letter.event_id] = letter
+                                self._cond.notify_all()
+                        continue
                     try:
                         got.append(decode_event(r.value))
                     except SchemaError:
@@ -68,13 +79,22 @@ class Watcher:
         with self._cond:
             return list(self._events)
 
-    def wait_for(self, predicate: Predicate, timeout_s: float, what: str) -> Envelope[Any]:
+    def wait_for(self, predicate: Predicate, timeout_s: float, what: str,
+                 request_id: uuid.UUID | None = None) -> Envelope[Any]:  # fmt: skip
+        """The first kept event matching ``predicate``; raises RequestFailed at once when the
+        request ``request_id`` was dead-lettered (the worker gave up on it)."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while True:
                 for env in self._events:
                     if predicate(env):
                         return env
+                letter = self.dead.get(str(request_id)) if request_id else None
+                if letter is not None:
+                    raise RequestFailed(
+                        f"{letter.event_type} {request_id} was dead-lettered by {letter.group} "
+                        f"after {letter.attempts} attempt(s) ({letter.reason}): {letter.error}"
+                    )
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise WaitTimeout(

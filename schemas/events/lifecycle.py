@@ -1,6 +1,6 @@
 """Lifecycle configuration of a policy: its evaluation gate and rollback rule.
 
-Published on the compacted ``policy.state`` topic (keyed by policy), so the latest configuration
+Published on the compacted ``policy.config`` topic (keyed by policy), so the latest configuration
 of every policy stays in the log forever and a restarted controller rebuilds its tables from it.
 """
 
@@ -17,7 +17,7 @@ class PolicyConfigured(Command):
     """Command: set a policy's lifecycle (evaluation suite, promotion gate, rollback rule)."""
 
     event_type = "policy.configured"
-    topic = "policy.state"
+    topic = "policy.config"
 
     base_model: str = Field(min_length=1, max_length=512, description="base model id or path")
     suite: str = Field(min_length=1, max_length=128, description="evaluation suite name")

@@ -35,7 +35,7 @@ log = structlog.get_logger()
 APP_ID = "controller"
 # Everything the controller reacts to; all keyed by policy, all with the registry's partitions,
 # so one policy's events reach one controller instance, and its table rows live there too.
-SOURCE_TOPICS = ("policy.state", "export.events", "eval.requests", "eval.results",
+SOURCE_TOPICS = ("policy.config", "export.events", "eval.requests", "eval.results",
                  "serving.commands", "serving.events")  # fmt: skip
 
 

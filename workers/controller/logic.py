@@ -168,7 +168,8 @@ class Controller:
             return []
         cmd = PromoteCommand(
             alias=target, revision=p.revision, expected_revision=st["aliases"].get(target),
-            reason=f"evaluation gate passed on {p.suite}: {_metrics(p.metrics)}",
+            reason=f"evaluation gate passed on {p.suite}: "
+            f"{_metrics({k: v for k, v in p.metrics.items() if k in p.thresholds} or p.metrics)}",
             requested_by=self.producer,
         )  # fmt: skip
         return [self._event(cmd, env, f"promote:{target}")]
