@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -69,6 +70,7 @@ class ServingCore:
         self._wait_since: dict[str, float] = {}
         self.stats = {"completed": 0, "failed": 0, "waves": 0, "load_requests": 0}
         self._evicted: list[Envelope[Any]] = []
+        self.started_at = datetime.now(UTC)
         if working_set.on_evict is None:
             working_set.on_evict = self._on_evict
 
@@ -109,7 +111,8 @@ class ServingCore:
     def on_alias_moved(self, env: Envelope[AliasMoved]) -> list[Envelope[Any]]:
         """Promotion/rollback: the next request sees the new target; prefetch its adapter."""
         res = self.resolver.apply(env)
-        if res is None or self.ws.resident(res.digest):
+        # Moves from before this engine started (a replay of the topic) only refresh the cache.
+        if res is None or env.occurred_at < self.started_at or self.ws.resident(res.digest):
             return []
         aref = AdapterRef(res.tenant, res.policy, res.revision, res.digest, res.store_uri)
         return [self._load_request(env, aref, reason="promotion prefetch", priority=9)]
