@@ -223,6 +223,7 @@ def run_lifecycle(settings: MintSettings, model: Path, console: Console, *, max_
         for k in range(3):
             res.served_after.append(client.infer(POLICY, PROMPTS[k], max_tokens=8).revision)
         res.history = client.history(POLICY, "prod")
+        wait_projected(settings, client.catalog)
         res.ok = (set(res.served_before) == {res.promoted}
                   and set(res.served_after) == {res.rolled_back_to} != {res.promoted})  # fmt: skip
         res.png = _plot(res, gate, png or settings.state_dir / "demo" / f"{settings.topic_prefix}"
@@ -234,6 +235,21 @@ def run_lifecycle(settings: MintSettings, model: Path, console: Console, *, max_
         with console.status("stopping workers"):
             workers.stop_all()
         res.seconds = time.monotonic() - t0
+
+
+def wait_projected(settings: MintSettings, repo: Any, timeout_s: float = 60.0) -> int:
+    """Wait until the projector applied every event of the catalog's log (so the catalog is
+    complete before the workers stop); returns how many events the log holds."""
+    from workers.projector import read_log
+
+    ids = [e.event_id for e in read_log(settings)]
+    deadline = time.monotonic() + timeout_s
+    while not all(repo.is_applied(i) for i in ids):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the projector did not apply the log's {len(ids)} events within "
+                               f"{timeout_s:.0f} s: is `mint worker projector` running?")  # fmt: skip
+        time.sleep(0.5)
+    return len(ids)
 
 
 def _eval_of(client, revision: int):

@@ -241,7 +241,7 @@ def infer(reference: str, prompt: str, max_tokens: int, timeout: float) -> None:
 
 @click.command("demo")
 @click.option("--rounds", default=8, show_default=True, help="Most GRPO rounds before giving up.")
-@click.option("--gate", default=0.65, show_default=True, help="Eval reward a revision needs.")
+@click.option("--gate", default=0.8, show_default=True, help="Eval reward a revision needs.")
 @click.option("--keep-services/--stop-services", default=True, show_default=True,
               help="Leave Kafka and Cassandra running afterwards.")  # fmt: skip
 def demo(rounds: int, gate: float, keep_services: bool) -> None:

@@ -22,6 +22,7 @@ import socket
 import threading
 import time
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -122,10 +123,6 @@ class TrainerService:
         p: UpdateRequested = env.payload
         t0 = time.perf_counter()
         self._check_base(p)
-        try:
-            self.repo.get_policy(env.tenant, env.policy)
-        except PolicyNotFound:
-            self.repo.create_policy(env.tenant, env.policy, p.base_model, by=self.name)
         examples = parse_examples(read_jsonl(p.data_uri), p.objective)
         if not examples:
             raise BadBatch(f"data_uri {p.data_uri} holds no examples")
@@ -162,12 +159,22 @@ class TrainerService:
             "objective": p.objective, "steps": p.steps, "loss": losses[-1],
             "learning_rate": p.learning_rate, "request_id": str(env.event_id),
         })  # fmt: skip
+        m = stored.manifest
+        # Registered exactly as the projection of the export.completed event registers it (same
+        # event id, time, author and metadata), so a catalog rebuilt from the log equals this one.
+        export_id, at = derived_id(env.event_id, "export"), datetime.now(UTC)
+        try:
+            self.repo.get_policy(env.tenant, env.policy)
+        except PolicyNotFound:
+            self.repo.create_policy(env.tenant, env.policy, p.base_model, by=self.name, at=at)
         rev = self.repo.register_revision(
             env.tenant, env.policy, digest=stored.digest, store_uri=stored.uri,
             base_model=p.base_model, parent_revision=p.parent_revision,
-            metadata={"rank": stored.manifest.rank, "size_bytes": stored.size_bytes,
-                      "base_model_fingerprint": self.trainer.fingerprint},
-            source_event_id=env.event_id, by=self.name,
+            metadata={"size_bytes": stored.size_bytes, "rank": m.rank,
+                      "lora_alpha": m.lora_alpha, "target_modules": list(m.target_modules),
+                      "target_parameters": list(m.target_parameters),
+                      "base_model_fingerprint": m.base_model_fingerprint},
+            source_event_id=export_id, by=self.name, at=at,
         )  # fmt: skip
         state = self.trainer.policy(pid)
         if rev.digest != stored.digest:
@@ -181,6 +188,7 @@ class TrainerService:
         state.parent, state.parent_revision = stored, rev.revision
         m = stored.manifest
         return {
+            "exported_at": rev.created_at.replace(tzinfo=UTC).isoformat(),
             "revision": rev.revision,
             "digest": stored.digest,
             "store_uri": stored.uri,
@@ -203,9 +211,11 @@ class TrainerService:
                 base_model=r["base_model"], base_model_fingerprint=r["base_model_fingerprint"],
                 parent_revision=r["parent_revision"],
             )  # fmt: skip
+            at = r.get("exported_at")
             events.append(make_event(export, tenant=env.tenant, policy=env.policy,
                                      producer=self.name, caused_by=env,
-                                     event_id=derived_id(env.event_id, "export")))  # fmt: skip
+                                     event_id=derived_id(env.event_id, "export"),
+                                     occurred_at=datetime.fromisoformat(at) if at else None))  # fmt: skip
         done = UpdateCompleted(
             parent_revision=r["parent_revision"], steps=r["steps"], loss=r["loss"],
             metrics={**r["metrics"], "first_loss": r["first_loss"]},
