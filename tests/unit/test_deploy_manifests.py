@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import click
@@ -25,6 +26,13 @@ def _settings_from(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Mint
 
 def _known_env_keys() -> set[str]:
     return {f"MINT_{name.upper()}" for name in MintSettings.model_fields}
+
+
+def _mint_commands(argv: list[str]) -> list[list[str]]:
+    """The mint command lines in a container command (``sh -c "mint a && mint b"`` included)."""
+    if argv[:2] == ["sh", "-c"]:
+        return [shlex.split(part) for part in argv[2].split("&&")]
+    return [argv]
 
 
 def _assert_mint_command(argv: list[str]) -> None:
@@ -72,7 +80,8 @@ def test_compose_mint_services_use_shared_env_and_real_commands(compose) -> None
     assert mint_services
     for svc in mint_services.values():
         assert svc["environment"] == compose["x-mint-env"]
-        _assert_mint_command(svc["command"])
+        for argv in _mint_commands(svc["command"]):
+            _assert_mint_command(argv)
 
 
 def test_k8s_configmap_matches_compose(compose, k8s, monkeypatch) -> None:
@@ -96,9 +105,35 @@ def test_k8s_mint_containers_read_the_configmap_and_run_real_commands(k8s) -> No
     for doc in k8s:
         if doc["kind"] not in ("Deployment", "StatefulSet", "Job"):
             continue
-        for c in doc["spec"]["template"]["spec"]["containers"]:
+        pod = doc["spec"]["template"]["spec"]
+        for c in pod["containers"] + pod.get("initContainers", []):
             if c["image"].startswith("mint"):
                 found += 1
                 assert {"configMapRef": {"name": cm["metadata"]["name"]}} in c["envFrom"]
                 _assert_mint_command(c["command"])
     assert found
+
+
+def _deployed_workers(commands: list[list[str]]) -> set[str]:
+    return {argv[2] for argv in commands if argv[:2] == ["mint", "worker"]}
+
+
+def test_every_worker_is_deployed_in_compose_and_k8s(compose, k8s) -> None:
+    workers = set(mint_cli.commands["worker"].commands)
+    in_compose = _deployed_workers(
+        [
+            a
+            for svc in compose["services"].values()
+            if "command" in svc
+            for a in _mint_commands(svc["command"])
+        ]
+    )
+    in_k8s = _deployed_workers(
+        [
+            c.get("command", [])
+            for d in k8s
+            if d["kind"] in ("Deployment", "StatefulSet", "Job")
+            for c in d["spec"]["template"]["spec"]["containers"]
+        ]
+    )
+    assert workers and in_compose == workers and in_k8s == workers
