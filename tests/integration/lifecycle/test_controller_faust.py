@@ -12,16 +12,14 @@ from __future__ import annotations
 import pytest
 
 from catalog.migrate import migrate
-from catalog.rebuild import rebuild
 from catalog.repository import CatalogRepository
-from catalog.snapshot import compare
 from mint.sdk import MintClient
 from schemas import make_event
 from schemas.events import EvalCompleted, ExportCompleted, threshold_failures
 from streams.producer import EventProducer
 from streams.topics import ensure_topics
-from workers.projector import read_log
 
+from ._replay import assert_catalog_equals_replay
 from .conftest import wait_until
 
 FP = "sha256:" + "cd" * 32
@@ -141,11 +139,7 @@ def test_gate_promotion_kill9_restart_auto_rollback_and_rebuild(settings, live, 
         projector.stop()
 
     # The catalog equals a replay of the log into an empty keyspace.
-    target = f"{settings.keyspace}_rb"
     try:
-        report = rebuild(session, target, settings.keyspace_replication, read_log(settings))
-        assert report.outcomes["failed"] == 0, report.failures
-        diff = compare(session, settings.keyspace, target)
-        assert diff.identical, diff.summary()
+        assert_catalog_equals_replay(settings, session)
     finally:
-        session.execute(f"DROP KEYSPACE IF EXISTS {target}", timeout=60)
+        session.execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}_rb", timeout=60)
