@@ -96,9 +96,15 @@ class Workers:
         self.start("projector", "projector", "--migrate")
         self.start("controller", "controller")
         self.start("trainer", "trainer", "--base-model", m, OMP_NUM_THREADS="1")
-        self.start("engine", "evaluator", "--with-serving", "--with-rollout", "--model", m,
-                   "--max-model-len", "128", "--dtype", "float32", "--max-loras", "2",
-                   "--max-cpu-loras", "8", "--max-lora-rank", "16")  # fmt: skip
+        self.start_engine("engine")
+
+    def start_engine(self, name: str) -> subprocess.Popen:
+        # nobind: on a small shared machine vLLM's default pins its threads to one core, which
+        # another engine may already hold; let the OS schedule them.
+        return self.start(name, "evaluator", "--with-serving", "--with-rollout", "--model",
+                          str(self.model), "--max-model-len", "128", "--dtype", "float32",
+                          "--max-loras", "2", "--max-cpu-loras", "8", "--max-lora-rank", "16",
+                          VLLM_CPU_OMP_THREADS_BIND="nobind")  # fmt: skip
 
     def check(self) -> None:
         for name, p in self.procs.items():
@@ -316,6 +322,10 @@ def print_report(res: DemoResult, console: Console) -> None:
         console.print(f"reward curve: {res.png}")
 
 
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt("SIGTERM")
+
+
 def run_demo(settings: MintSettings, console: Console, keep_services: bool = True,
              rounds: int = 8, gate: float = 0.8) -> int:  # fmt: skip
     from mint.dev import LauncherError, down, up
@@ -331,6 +341,8 @@ def run_demo(settings: MintSettings, console: Console, keep_services: bool = Tru
         console.print(f"{name} ready after {seconds:.1f} s")
     # kafka-python warns about slow polls on a busy CPU; the demo's output is for people.
     logging.getLogger("kafka").setLevel(logging.ERROR)
+    # SIGTERM (a supervisor, a CI timeout) unwinds like Ctrl-C, so the workers are stopped.
+    signal.signal(signal.SIGTERM, _interrupt)
     run = uuid.uuid4().hex[:8]
     s = demo_settings(settings, run)
     try:

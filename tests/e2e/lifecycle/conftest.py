@@ -12,6 +12,19 @@ import pytest
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _sigterm_unwinds():
+    """A SIGTERM (CI timeout) raises in the test, so its finally blocks stop the workers."""
+    import signal
+
+    def _raise(*_):
+        raise KeyboardInterrupt("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
 @pytest.fixture(scope="session")
 def lifecycle_model(tmp_path_factory) -> Path:
     from workers.models import TinySpec, build_tiny
