@@ -13,13 +13,13 @@ def test_demo_flow_promotes_through_the_gate_serves_and_rolls_back(
     lifecycle_settings, lifecycle_model, cassandra_cluster, tmp_path
 ) -> None:
     console = Console(file=(tmp_path / "console.txt").open("w"), width=120)
-    res = run_lifecycle(lifecycle_settings, lifecycle_model, console, max_rounds=4, gate=0.7,
+    res = run_lifecycle(lifecycle_settings, lifecycle_model, console, max_rounds=4, gate=0.8,
                         png=tmp_path / "curve.png", log_dir=tmp_path / "logs")  # fmt: skip
     logs = {p.name: p.read_text()[-1500:] for p in (tmp_path / "logs").glob("*.log")}
     assert res.ok, (res, logs)
     # The promoted revision is the first that met the gate; revision 1 (the base) did not.
-    assert res.evals[res.promoted]["reward"] >= 0.7 > res.evals[1]["reward"]
-    assert all(res.evals[r.revision]["reward"] < 0.7 for r in res.rounds[:-1])
+    assert res.evals[res.promoted]["reward"] >= 0.8 > res.evals[1]["reward"]
+    assert all(res.evals[r.revision]["reward"] < 0.8 for r in res.rounds[:-1])
     assert set(res.served_before) == {res.promoted} and res.rolled_back_to == 1
     assert set(res.served_after) == {1}
     moves = [(m.from_revision, m.to_revision, m.kind, m.moved_by) for m in res.history]
