@@ -229,7 +229,7 @@ def _external(settings: MintSettings, name: str) -> bool:
 def up(settings: MintSettings, only: tuple[str, ...] = ("kafka", "cassandra")) -> dict[str, float]:
     """Start what is not running, wait until every service answers; returns seconds to ready."""
     svcs = services(settings)
-    started: dict[str, float] = {}
+    started: dict[str, subprocess.Popen] = {}
     java = None
     t0 = time.monotonic()
     for name in only:
@@ -245,7 +245,7 @@ def up(settings: MintSettings, only: tuple[str, ...] = ("kafka", "cassandra")) -
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
         svc.pid_file.write_text(str(proc.pid))
-        started[name] = t0
+        started[name] = proc
         log.info("service starting", service=name, pid=proc.pid, port=svc.port)
     ready: dict[str, float] = {}
     for name in only:
@@ -255,8 +255,9 @@ def up(settings: MintSettings, only: tuple[str, ...] = ("kafka", "cassandra")) -
             continue
         deadline = t0 + settings.startup_timeout_s
         while not port_open(host, svc.port):
-            pid = _read_pid(svc)
-            if name in started and pid is None:
+            # Our own child: poll it rather than /proc, whose cmdline can read empty while the
+            # JVM launcher re-execs itself.
+            if name in started and started[name].poll() is not None:
                 raise LauncherError(_failure(svc, "exited during start"))
             if time.monotonic() > deadline:
                 raise LauncherError(
@@ -264,7 +265,7 @@ def up(settings: MintSettings, only: tuple[str, ...] = ("kafka", "cassandra")) -
                 )
             time.sleep(0.25)
         if name in started:
-            ready[name] = time.monotonic() - started[name]
+            ready[name] = time.monotonic() - t0
             log.info("service ready", service=name, port=svc.port, seconds=round(ready[name], 1))
     return ready
 
