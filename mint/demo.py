@@ -52,7 +52,7 @@ class DemoResult:
     served_before: list[int] = field(default_factory=list)
     served_after: list[int] = field(default_factory=list)
     rolled_back_to: int | None = None
-    switch_requests: int = 0  # answered by the old revision while the move propagated
+    switch_requests: int = 0  # answered by the old revision while a move propagated
     history: list[Any] = field(default_factory=list)
     png: Path | None = None
     seconds: float = 0.0
@@ -216,16 +216,12 @@ def run_lifecycle(settings: MintSettings, model: Path, console: Console, *, max_
         console.print(f"[green]controller promoted revision {res.promoted} to prod[/green]: "
                       f"{moved.payload.reason}")  # fmt: skip
 
+        res.switch_requests += _until_served(client, res.promoted)
         for k in range(3):
             res.served_before.append(client.infer(POLICY, PROMPTS[k], max_tokens=8).revision)
         back = client.rollback(POLICY, reason="demo: operator rollback")
         res.rolled_back_to = back.payload.to_revision
-        # The engine learns of the move from the alias.moved event (no restart, no polling of
-        # the catalog): requests already in flight may still get the old revision.
-        deadline = time.monotonic() + 30
-        while (client.infer(POLICY, PROMPTS[0], max_tokens=2).revision != res.rolled_back_to
-               and time.monotonic() < deadline):  # fmt: skip
-            res.switch_requests += 1
+        res.switch_requests += _until_served(client, res.rolled_back_to)
         for k in range(3):
             res.served_after.append(client.infer(POLICY, PROMPTS[k], max_tokens=8).revision)
         res.history = client.history(POLICY, "prod")
@@ -256,6 +252,19 @@ def wait_projected(settings: MintSettings, repo: Any, timeout_s: float = 60.0) -
                                f"{timeout_s:.0f} s: is `mint worker projector` running?")  # fmt: skip
         time.sleep(0.5)
     return len(ids)
+
+
+def _until_served(client, revision: int, timeout_s: float = 30.0) -> int:
+    """Requests answered by another revision until ``revision`` answers. The engine learns of an
+    alias move from the alias.moved event (no restart, no polling of the catalog), so requests
+    sent right after a move may still meet the old revision."""
+    n, deadline = 0, time.monotonic() + timeout_s
+    while client.infer(POLICY, PROMPTS[0], max_tokens=2).revision != revision:
+        n += 1
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"prod still serves another revision than {revision} after "
+                               f"{timeout_s:.0f} s: did the engine get the alias.moved event?")  # fmt: skip
+    return n
 
 
 def _eval_of(client, revision: int):
@@ -316,8 +325,8 @@ def print_report(res: DemoResult, console: Console) -> None:
                      m.moved_by, m.reason[:70])  # fmt: skip
     console.print(hist)
     console.print(f"served through prod before rollback: revisions {res.served_before}; "
-                  f"after rollback: {res.served_after} ({res.switch_requests} request(s) still "
-                  "answered by the old revision while the alias.moved event propagated)")  # fmt: skip
+                  f"after rollback: {res.served_after} ({res.switch_requests} request(s) answered by "
+                  "the previous revision while an alias.moved event propagated)")  # fmt: skip
     if res.png:
         console.print(f"reward curve: {res.png}")
 
