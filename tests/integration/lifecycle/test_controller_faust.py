@@ -18,9 +18,8 @@ from schemas import make_event
 from schemas.events import EvalCompleted, ExportCompleted, threshold_failures
 from streams.producer import EventProducer
 from streams.topics import ensure_topics
-
-from ._replay import assert_catalog_equals_replay
-from .conftest import wait_until
+from tests.integration.lifecycle._helpers import wait_until
+from tests.integration.lifecycle._replay import assert_catalog_equals_replay
 
 FP = "sha256:" + "cd" * 32
 
