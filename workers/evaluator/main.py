@@ -8,10 +8,11 @@ import structlog
 
 from schemas.logs import configure_logging
 from schemas.settings import MintSettings
+from streams.consumer import stop_on_signals
 from workers.evaluator.core import EvaluatorCore
 from workers.evaluator.worker import EngineHost, run_evaluator_worker
 from workers.serving.engine import EngineConfig
-from workers.serving.main import _stop_on_signals, build
+from workers.serving.main import build
 
 log = structlog.get_logger()
 
@@ -22,7 +23,7 @@ def evaluator_main(settings: MintSettings, config: EngineConfig, cache_dir: Path
     configure_logging(settings.log_level, settings.log_format)
     engine, ws, resolver, store, cluster = build(settings, config, cache_dir)
     evaluator = EvaluatorCore(engine, ws, resolver, engine_id=config.engine_id)
-    stop = _stop_on_signals()
+    stop = stop_on_signals()
     try:
         if not (with_serving or with_rollout):
             run_evaluator_worker(settings, evaluator, stop=stop)

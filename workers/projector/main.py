@@ -7,7 +7,6 @@ the catalog refuses, e.g. an export numbered out of order, lands on the DLQ with
 
 from __future__ import annotations
 
-import signal
 import threading
 from typing import Any
 
@@ -21,7 +20,7 @@ from catalog.projection import Outcome, apply_event
 from catalog.repository import CatalogRepository
 from schemas.logs import configure_logging
 from schemas.settings import MintSettings, get_settings
-from streams.consumer import ConsumerStats, RetryPolicy, run_consumer
+from streams.consumer import ConsumerStats, RetryPolicy, run_consumer, stop_on_signals
 from streams.producer import EventProducer
 from streams.topics import POLICY_STATE, topic_for
 
@@ -108,9 +107,7 @@ def _is_current_move(repo: CatalogRepository, env, outcome: Outcome) -> bool:
 def main(auto_migrate: bool = False) -> None:
     settings = get_settings()
     configure_logging(settings.log_level, settings.log_format)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = stop_on_signals()
     # The group carries the topic prefix: deployments (and test runs) sharing a broker never
     # share a consumer group, so one never waits on another's rebalance.
     run_projector(settings, stop=stop, auto_migrate=auto_migrate,

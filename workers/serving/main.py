@@ -6,8 +6,6 @@ module guard (vLLM spawns its engine core), which console scripts are.
 
 from __future__ import annotations
 
-import signal
-import threading
 from pathlib import Path
 
 import structlog
@@ -18,6 +16,7 @@ from catalog.repository import CatalogRepository
 from catalog.store import AdapterStore
 from schemas.logs import configure_logging
 from schemas.settings import MintSettings
+from streams.consumer import stop_on_signals
 from streams.topics import ensure_topics
 from workers.serving.core import ServingCore
 from workers.serving.engine import EngineConfig, VllmEngine
@@ -27,13 +26,6 @@ from workers.serving.worker import ServingWorker
 from workers.serving.working_set import WorkingSet
 
 log = structlog.get_logger()
-
-
-def _stop_on_signals() -> threading.Event:
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    return stop
 
 
 def build(settings: MintSettings, config: EngineConfig, cache_dir: Path, ttl_s: float = 2.0):
@@ -56,7 +48,7 @@ def serve_main(settings: MintSettings, config: EngineConfig, cache_dir: Path, ba
     core = ServingCore(engine, ws, resolver, engine_id=config.engine_id, base_model=base_model,
                        max_num_seqs=config.max_num_seqs)  # fmt: skip
     try:
-        stats = ServingWorker(settings, core).run(_stop_on_signals())
+        stats = ServingWorker(settings, core).run(stop_on_signals())
         log.info("serving worker stopped", **stats, **ws.counters.as_dict())
     finally:
         engine.close()
@@ -68,7 +60,7 @@ def rollout_main(settings: MintSettings, config: EngineConfig, cache_dir: Path):
     engine, ws, resolver, store, cluster = build(settings, config, cache_dir)
     core = RolloutCore(engine, ws, resolver, store, engine_id=config.engine_id)
     try:
-        run_rollout_worker(settings, core, stop=_stop_on_signals())
+        run_rollout_worker(settings, core, stop=stop_on_signals())
     finally:
         engine.close()
         cluster.shutdown()

@@ -17,7 +17,6 @@ own partitions, and while one waits on I/O another trains on the same resident b
 
 from __future__ import annotations
 
-import signal
 import socket
 import threading
 import time
@@ -33,7 +32,7 @@ from catalog.store import AdapterStore, StoredAdapter
 from schemas import Envelope, make_event
 from schemas.events import ExportCompleted, UpdateCompleted, UpdateRequested
 from schemas.settings import MintSettings
-from streams.consumer import ConsumerStats, RetryPolicy, run_consumer
+from streams.consumer import ConsumerStats, RetryPolicy, run_consumer, stop_on_signals
 from streams.producer import EventProducer
 from workers.trainer.config import TrainerConfig
 from workers.trainer.data import parse_examples, read_jsonl
@@ -283,9 +282,7 @@ def main(base_model: str | None = None, backend: str = "torch", consumers: int =
     model = base_model or settings.base_model
     if not model:
         raise SystemExit("no base model: pass --base-model PATH or set MINT_BASE_MODEL")
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = stop_on_signals()
     config = TrainerConfig(base_model=model, backend=backend)  # type: ignore[arg-type]
     # The group carries the topic prefix: deployments (and test runs) sharing a broker never
     # share a consumer group, so one never waits on another's rebalance.
