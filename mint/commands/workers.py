@@ -47,7 +47,13 @@ def trainer(base_model: str | None, backend: str, consumers: int) -> None:  # fm
 
 def _engine_options(fn):
     opts = [
-        click.option("--model", "model", default=None, help="base model folder (MINT_BASE_MODEL)"),
+        click.option(
+            "--base-model",
+            "--model",
+            "model",
+            default=None,
+            help="base model folder (MINT_BASE_MODEL)",
+        ),
         click.option("--engine-id", default="engine-0", show_default=True),
         click.option("--max-loras", default=4, show_default=True, help="GPU slots"),
         click.option("--max-cpu-loras", default=16, show_default=True, help="CPU cache"),
