@@ -90,3 +90,17 @@ def cassandra(cassandra_cluster, base_settings: MintSettings) -> Iterator[tuple[
     ensure_keyspace(session, keyspace, base_settings.keyspace_replication)
     yield session, keyspace
     session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=60)
+
+
+@pytest.fixture
+def live(settings: MintSettings, cassandra_cluster):
+    """Registry topics created and the catalog migrated under this test's prefix and keyspace;
+    yields the Cassandra session and drops the keyspace afterwards."""
+    from catalog.migrate import migrate
+    from streams.topics import ensure_topics
+
+    _, session = cassandra_cluster
+    ensure_topics(settings)
+    migrate(session, settings.keyspace, settings.keyspace_replication)
+    yield session
+    session.execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}", timeout=60)

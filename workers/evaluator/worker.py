@@ -13,7 +13,6 @@ evaluation requests. Each lane commits its offsets only after its results were p
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +27,7 @@ from streams.consumer import RetryPolicy, dead_letter, run_consumer
 from streams.producer import EventProducer
 from streams.topics import DLQ, topic_for
 from workers.evaluator.core import EvaluatorCore
+from workers.serving.worker import run_steps
 
 log = structlog.get_logger()
 
@@ -133,16 +133,10 @@ class EngineHost:
         return n
 
     def run(self, stop: threading.Event | None = None, idle_timeout_s: float | None = None):
-        stop = stop or threading.Event()
-        last = time.monotonic()
         log.info("engine host started", lanes=[lane.name for lane in self.lanes],
                  serving=self.serving is not None)  # fmt: skip
         try:
-            while not stop.is_set():
-                if self.step():
-                    last = time.monotonic()
-                elif idle_timeout_s is not None and time.monotonic() - last > idle_timeout_s:
-                    break
+            run_steps(self.step, stop, idle_timeout_s)
         finally:
             self.close()
         return {lane.name: lane.handled for lane in self.lanes}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -32,6 +33,20 @@ from streams.topics import DLQ, topic_for
 from workers.serving.core import ServingCore
 
 log = structlog.get_logger()
+
+
+def run_steps(
+    step: Callable[[], int], stop: threading.Event | None, idle_timeout_s: float | None
+) -> None:
+    """Call ``step`` (returns how much it handled) until ``stop`` is set or nothing was handled
+    for ``idle_timeout_s``."""
+    stop = stop or threading.Event()
+    last = time.monotonic()
+    while not stop.is_set():
+        if step():
+            last = time.monotonic()
+        elif idle_timeout_s is not None and time.monotonic() - last > idle_timeout_s:
+            break
 
 
 class ServingWorker:
@@ -101,15 +116,9 @@ class ServingWorker:
         return n
 
     def run(self, stop: threading.Event | None = None, idle_timeout_s: float | None = None):
-        stop = stop or threading.Event()
-        last = time.monotonic()
         log.info("serving worker started", engine_id=self.core.engine_id)
         try:
-            while not stop.is_set():
-                if self.step():
-                    last = time.monotonic()
-                elif idle_timeout_s is not None and time.monotonic() - last > idle_timeout_s:
-                    break
+            run_steps(self.step, stop, idle_timeout_s)
         finally:
             self.close()
         return self.core.stats

@@ -7,9 +7,6 @@ import subprocess
 import sys
 from datetime import timedelta
 
-import pytest
-
-from catalog.migrate import migrate
 from catalog.projection import execute_serving_command
 from catalog.rebuild import rebuild
 from catalog.repository import CatalogRepository
@@ -17,19 +14,9 @@ from catalog.snapshot import compare
 from schemas.events import PromoteCommand, RollbackCommand
 from streams.consumer import RetryPolicy
 from streams.producer import EventProducer
-from streams.topics import ensure_topics
 from workers.projector import LogStats, read_log, run_projector
 
 from .test_projection import T0, command, export
-
-
-@pytest.fixture
-def live(settings, cassandra_cluster):
-    _, session = cassandra_cluster
-    ensure_topics(settings)
-    migrate(session, settings.keyspace, settings.keyspace_replication)
-    yield session
-    session.execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}", timeout=60)
 
 
 def test_projector_applies_log_with_duplicates_and_rebuild_matches(settings, live, tmp_path):

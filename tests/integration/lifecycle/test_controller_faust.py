@@ -9,28 +9,15 @@ Finally the catalog equals a rebuild from the log.
 
 from __future__ import annotations
 
-import pytest
-
-from catalog.migrate import migrate
 from catalog.repository import CatalogRepository
 from mint.sdk import MintClient
 from schemas import make_event
 from schemas.events import EvalCompleted, ExportCompleted, threshold_failures
 from streams.producer import EventProducer
-from streams.topics import ensure_topics
 from tests.integration.lifecycle._helpers import wait_until
 from tests.integration.lifecycle._replay import assert_catalog_equals_replay
 
 FP = "sha256:" + "cd" * 32
-
-
-@pytest.fixture
-def live(settings, cassandra_cluster):
-    _, session = cassandra_cluster
-    ensure_topics(settings)
-    migrate(session, settings.keyspace, settings.keyspace_replication)
-    yield session
-    session.execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}", timeout=60)
 
 
 def export(repo: CatalogRepository, tenant: str, policy: str, n: int):

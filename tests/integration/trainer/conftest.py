@@ -15,15 +15,3 @@ torch.set_num_threads(1)  # two shared cores
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny(TinySpec("llama", "test", seed=0), tmp_path_factory.mktemp("m") / "llama")
-
-
-@pytest.fixture
-def live(settings, cassandra_cluster):
-    from catalog.migrate import migrate
-    from streams.topics import ensure_topics
-
-    _, session = cassandra_cluster
-    ensure_topics(settings)
-    migrate(session, settings.keyspace, settings.keyspace_replication)
-    yield session
-    session.execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}", timeout=60)
