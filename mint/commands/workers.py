@@ -60,6 +60,12 @@ def _engine_options(fn):
         click.option("--max-disk-loras", default=1024, show_default=True, help="disk cache"),
         click.option("--max-lora-rank", default=16, show_default=True),
         click.option("--max-model-len", default=2048, show_default=True),
+        click.option(
+            "--max-num-seqs",
+            default=32,
+            show_default=True,
+            help="sequences decoded together (a rollout of 16 prompts × 8 is 128)",
+        ),
         click.option("--dtype", default="auto", show_default=True),
         click.option("--cache-dir", type=click.Path(), default=None, help="local adapter cache"),
     ]
@@ -69,7 +75,7 @@ def _engine_options(fn):
 
 
 def _engine_config(settings, model, engine_id, max_loras, max_cpu_loras, max_disk_loras,
-                   max_lora_rank, max_model_len, dtype, cache_dir):  # fmt: skip
+                   max_lora_rank, max_model_len, max_num_seqs, dtype, cache_dir):  # fmt: skip
     from pathlib import Path
 
     from workers.serving.engine import EngineConfig
@@ -80,7 +86,7 @@ def _engine_config(settings, model, engine_id, max_loras, max_cpu_loras, max_dis
     config = EngineConfig(model=model, engine_id=engine_id, max_loras=max_loras,
                           max_cpu_loras=max_cpu_loras, max_disk_loras=max_disk_loras,
                           max_lora_rank=max_lora_rank, max_model_len=max_model_len,
-                          dtype=dtype)  # fmt: skip
+                          max_num_seqs=max_num_seqs, dtype=dtype)  # fmt: skip
     cache = Path(cache_dir) if cache_dir else settings.state_dir / "adapter-cache" / engine_id
     return config, cache
 

@@ -176,12 +176,14 @@ class MintClient:
         self, policy: str, prompts: list[str], *, revision: int | None = None, alias: str = "prod",
         samples_per_prompt: int = 4, max_tokens: int = 8, temperature: float = 1.0,
         reward: str = "length", seed: int | None = None, base_model: str | None = None,
+        chat: bool = False,
     ) -> Rollouts:  # fmt: skip
-        """Sample completions from a revision (or the alias) and score them with ``reward``."""
+        """Sample completions from a revision (or the alias) and score them with ``reward``;
+        ``chat`` sends each prompt as a user turn of the model's chat template."""
         cmd = self.send(policy, RolloutRequested(
             base_model=self._base(policy, base_model), revision=revision, alias=alias,
             prompts=prompts, samples_per_prompt=samples_per_prompt, max_tokens=max_tokens,
-            temperature=temperature, seed=seed, reward=reward,
+            temperature=temperature, seed=seed, reward=reward, chat=chat,
         ))  # fmt: skip
         done = self.wait_caused_by(cmd, "rollout.completed")
         rows = read_jsonl(self.store, done.payload.rollouts_uri)
@@ -221,7 +223,7 @@ class MintClient:
         self, policy: str, prompts: list[str], *, rounds: int = 3, reward: str = "length",
         samples_per_prompt: int = 4, max_tokens: int = 8, temperature: float = 1.0,
         learning_rate: float = 1e-2, steps_per_round: int = 1, lora: LoraSpec | None = None,
-        start_revision: int | None = None, seed: int = 0,
+        start_revision: int | None = None, seed: int = 0, chat: bool = False,
         on_round: Callable[[Round], None] | None = None,
     ) -> list[Round]:  # fmt: skip
         """The RL loop (GRPO): sample the latest revision, score, update, export; repeat.
@@ -236,7 +238,8 @@ class MintClient:
         for i in range(1, rounds + 1):
             ro = self.rollout(policy, prompts, revision=latest, reward=reward,
                               samples_per_prompt=samples_per_prompt, max_tokens=max_tokens,
-                              temperature=temperature, seed=seed * 1000 + i)  # fmt: skip
+                              temperature=temperature, seed=seed * 1000 + i,
+                              chat=chat)  # fmt: skip
             examples = rollouts_to_examples(ro.rows)
             up = self.update(policy, examples, objective="rl", parent_revision=latest,
                              steps=steps_per_round, learning_rate=learning_rate,
@@ -278,13 +281,16 @@ class MintClient:
         return self.wait_caused_by(cmd, "alias.moved")
 
     def infer(self, policy: str, prompt: str, *, alias: str = "prod", revision: int | None = None,
-              max_tokens: int = 8, temperature: float = 0.0, request_id: str | None = None):  # fmt: skip
+              max_tokens: int = 8, temperature: float = 0.0, request_id: str | None = None,
+              chat: bool = False):  # fmt: skip
         """Answer a prompt with ``policy@alias`` (or a pinned revision): the infer.completed
-        payload; raises RequestFailed on infer.failed."""
+        payload; raises RequestFailed on infer.failed. ``chat`` sends the prompt as a user turn
+        of the model's chat template (instruct models)."""
         rid = request_id or uuid.uuid4().hex
         cmd = self.send(policy, InferRequested(request_id=rid, alias=alias, revision=revision,
                                                prompt=prompt, max_tokens=max_tokens,
-                                               temperature=temperature))  # fmt: skip
+                                               temperature=temperature,
+                                               chat=chat))  # fmt: skip
         got = self.wait_for(lambda e: e.type in ("infer.completed", "infer.failed")
                             and e.policy_id == cmd.policy_id
                             and e.payload.request_id == rid, what=f"result of request {rid}",

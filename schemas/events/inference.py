@@ -25,6 +25,8 @@ class InferRequested(Command):
     max_tokens: int = Field(64, ge=1, le=32768)
     temperature: float = Field(0.0, ge=0.0, le=10.0)
     seed: int | None = None
+    # Added (optional, backward compatible): instruct models answer a user turn, not raw text.
+    chat: bool = Field(False, description="render prompt as one user turn of the chat template")
 
 
 class InferCompleted(Payload):

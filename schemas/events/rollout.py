@@ -27,6 +27,8 @@ class RolloutRequested(Command):
     seed: int | None = None
     # Added (optional, backward compatible): a reward function from the rollout worker's registry.
     reward: str = Field("length", pattern=r"^[a-z][a-z0-9_]{0,63}$", description="reward by name")
+    # Added (optional, backward compatible): instruct models answer a user turn, not raw text.
+    chat: bool = Field(False, description="render prompts as one user turn of the chat template")
 
     @model_validator(mode="after")
     def _has_prompts(self) -> Self:

@@ -53,7 +53,7 @@ class EvaluatorCore:
         handle = self.ws.ensure(aref)
         self.ws.used_in_batch([aref.digest])
         reqs = [GenRequest(q, suite.max_tokens, suite.temperature, suite.seed, n=suite.samples,
-                           lora=handle) for q in suite.prompts]  # fmt: skip
+                           lora=handle, chat=suite.chat) for q in suite.prompts]  # fmt: skip
         t0 = time.perf_counter()
         results = self.engine.generate(reqs)
         gen_s = time.perf_counter() - t0

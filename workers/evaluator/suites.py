@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workers.evaluator.exceptions import UnknownSuite
+from workers.serving.arithmetic import held_out_prompts
 from workers.serving.rewards import get_reward
 
 
@@ -22,6 +23,7 @@ class Suite:
     samples: int = 1
     temperature: float = 0.0
     seed: int = 0
+    chat: bool = False  # prompts are user turns of the model's chat template (instruct models)
 
     def __post_init__(self) -> None:
         if not self.prompts:
@@ -53,3 +55,5 @@ TOY_PROMPTS = ("hello world", "the cat sat", "once upon a time", "2 + 2 =", "a b
 register_suite(Suite("toy-even", TOY_PROMPTS, "even_tokens", max_tokens=8))
 register_suite(Suite("toy-even-sampled", TOY_PROMPTS, "even_tokens", max_tokens=8, samples=4,
                      temperature=1.0))  # fmt: skip
+# The real model's task (SmolLM2-135M-Instruct): held-out one-digit sums, greedy, exact answer.
+register_suite(Suite("arith-heldout", held_out_prompts(), "arith_exact", max_tokens=8, chat=True))

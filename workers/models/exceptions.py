@@ -9,3 +9,7 @@ class ModelError(Exception):
 
 class ModelBuildError(ModelError, ValueError):
     """A tiny model cannot be built as asked (unknown arch/size, folder in the way, too large)."""
+
+
+class ModelFetchError(ModelError, RuntimeError):
+    """A pretrained model cannot be fetched: package missing, file corrupt, folder in the way."""

@@ -192,7 +192,7 @@ class ServingCore:
                 continue
             p = it.env.payload
             batch.append((it, GenRequest(p.prompt, p.max_tokens, p.temperature, p.seed,
-                                         lora=handle)))  # fmt: skip
+                                         lora=handle, chat=p.chat)))  # fmt: skip
         if not batch:
             return out
         self.ws.used_in_batch(list(dict.fromkeys(it.ref.digest for it, _ in batch)))

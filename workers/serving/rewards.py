@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from workers.serving import arithmetic
 from workers.serving.exceptions import UnknownReward
 
 Reward = Callable[[str, str, list[int]], float]
@@ -46,6 +47,18 @@ def even_tokens(prompt: str, completion: str, token_ids: list[int]) -> float:
     """Share of even completion token ids: ≈ 0.5 for a random base, learnable by GRPO in a few
     rounds (the demo's toy task)."""
     return sum(t % 2 == 0 for t in token_ids) / len(token_ids) if token_ids else 0.0
+
+
+@register("arith_exact")
+def arith_exact(prompt: str, completion: str, token_ids: list[int]) -> float:
+    """1.0 when the completion is exactly the sum asked for ("12", or "12."), else 0.0."""
+    return arithmetic.exact_reward(prompt, completion)
+
+
+@register("arith_shaped")
+def arith_shaped(prompt: str, completion: str, token_ids: list[int]) -> float:
+    """Training reward for the arithmetic task: exact 1.0, right but wordy 0.2–0.5, wrong 0."""
+    return arithmetic.shaped_reward(prompt, completion, len(token_ids))
 
 
 def get_reward(name: str) -> Reward:

@@ -48,7 +48,7 @@ class RolloutCore:
             prompts += [r["prompt"] for r in read_jsonl(self.store, p.prompts_uri)]
         reqs = [
             GenRequest(q, p.max_tokens, p.temperature, p.seed, n=p.samples_per_prompt,
-                       logprobs=True, lora=handle)
+                       logprobs=True, lora=handle, chat=p.chat)
             for q in prompts
         ]  # fmt: skip
         self.ws.used_in_batch([aref.digest])

@@ -19,8 +19,15 @@ log = structlog.get_logger()
 
 
 class Backend(Protocol):
-    def backward_and_step(self, loss: torch.Tensor, lr: float) -> float:
-        """Backpropagate ``loss``, clip, take one AdamW step at ``lr``; return the grad norm."""
+    # True: backward() may be called once per micro-batch before step() (gradients add up).
+    accumulates: bool
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backpropagate ``loss`` into the policy's gradients."""
+        ...
+
+    def step(self, lr: float) -> float:
+        """Clip, take one AdamW step at ``lr``, clear the gradients; return the grad norm."""
         ...
 
 
@@ -32,11 +39,14 @@ class TorchBackend:
             params, lr=1e-4, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay
         )
 
-    def backward_and_step(self, loss: torch.Tensor, lr: float) -> float:
+    accumulates = True
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self, lr: float) -> float:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
         if self.clip > 0:
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.clip)
         else:
@@ -113,10 +123,15 @@ class DeepSpeedBackend:
         except Exception as e:  # DeepSpeed raises bare Exceptions/asserts on bad setups
             raise BackendError(f"DeepSpeed ZeRO-2 initialization failed: {e}") from e
 
-    def backward_and_step(self, loss: torch.Tensor, lr: float) -> float:
+    # DeepSpeed counts micro-batches itself (gradient_accumulation_steps); one backward per step.
+    accumulates = False
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss)
+
+    def step(self, lr: float) -> float:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        self.engine.backward(loss)
         self.engine.step()
         norm = self.engine.get_global_grad_norm()
         return float(norm) if norm is not None else float("nan")

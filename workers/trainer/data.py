@@ -72,6 +72,29 @@ class Batch:
     def tokens(self) -> int:
         return int(self.loss_mask.sum())
 
+    def select(self, idx: torch.Tensor) -> Batch:
+        """The rows ``idx`` (a micro-batch), every tensor indexed alike."""
+        pick = lambda t: None if t is None else t[idx]  # noqa: E731
+        return Batch(self.input_ids[idx], self.attention_mask[idx], self.loss_mask[idx],
+                     pick(self.old_logprobs), pick(self.rewards), pick(self.groups))  # fmt: skip
+
+
+def micro_batches(batch: Batch, max_rows: int | None) -> list[torch.Tensor]:
+    """Row indices of micro-batches of at most ``max_rows`` rows, never splitting a group (its
+    rows share a prompt, run once by the shared-prefix forward); a larger group stays whole.
+    ``None``: the whole batch."""
+    n = batch.input_ids.shape[0]
+    if max_rows is None or n <= max_rows:
+        return [torch.arange(n)]
+    groups = batch.groups if batch.groups is not None else torch.arange(n)
+    chunks: list[list[int]] = [[]]
+    for g in dict.fromkeys(groups.tolist()):
+        members = (groups == g).nonzero().flatten().tolist()
+        if chunks[-1] and len(chunks[-1]) + len(members) > max_rows:
+            chunks.append([])
+        chunks[-1].extend(members)
+    return [torch.tensor(c) for c in chunks]
+
 
 def _ids(tokenizer: Any, ex: SftExample, add_eos: bool) -> tuple[list[int], list[int]]:
     prompt = ex.prompt_ids if ex.prompt_ids is not None else tokenizer(ex.prompt).input_ids

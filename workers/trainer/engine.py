@@ -33,14 +33,14 @@ from catalog.artifacts import model_fingerprint
 from catalog.store import AdapterStore, StoredAdapter
 from workers.trainer.backends import Backend, DeepSpeedBackend, TorchBackend
 from workers.trainer.config import TrainerConfig
-from workers.trainer.data import Batch, collate
+from workers.trainer.data import Batch, collate, micro_batches
 from workers.trainer.exceptions import BadBatch, PolicyNotLoaded
 from workers.trainer.losses import (
     group_advantages,
     policy_gradient_loss,
     sft_loss,
-    token_logprobs,
 )
+from workers.trainer.prefix import shared_prefix_logprobs
 
 log = structlog.get_logger()
 
@@ -224,8 +224,9 @@ class MultiPolicyTrainer:
             return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
 
     def _logprobs(self, batch: Batch) -> torch.Tensor:
-        out = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-        return token_logprobs(out.logits, batch.input_ids)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        return shared_prefix_logprobs(self.model, batch.input_ids, batch.attention_mask,
+                                      batch.loss_mask, pad)  # fmt: skip
 
     # Steps.
 
@@ -241,28 +242,43 @@ class MultiPolicyTrainer:
         return self.on_compute(self._compute_step, policy_id, batch, lr, objective)
 
     def _compute_step(self, policy_id: str, batch: Batch, lr: float, objective: str):
+        """One optimizer step over ``batch``, in micro-batches of whole GRPO groups so that peak
+        memory follows ``micro_batch_rows``, not the batch (the gradient is the same)."""
         t0 = time.perf_counter()
         state = self.activate(policy_id)
         self.model.train()
-        logprobs = self._logprobs(batch)
-        metrics: dict[str, float] = {}
-        if objective == "sft":
-            loss = sft_loss(logprobs, batch.loss_mask)
-        else:
+        self.model.zero_grad(set_to_none=True)
+        rows = self.config.micro_batch_rows if state.backend.accumulates else None
+        total = batch.loss_mask.sum().clamp(min=1)
+        adv = None
+        if objective == "rl":
             cfg = self.config.loss
             adv = group_advantages(batch.rewards, batch.groups, cfg.normalize_std)
-            old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
-            loss, metrics = policy_gradient_loss(
-                logprobs, old, adv, batch.loss_mask, cfg.rl_loss, cfg.clip_eps
-            )
+        loss_value, metrics = 0.0, {}
+        for idx in micro_batches(batch, rows):
+            sub = batch.select(idx)
+            weight = float(sub.loss_mask.sum() / total)  # a token-weighted share of the mean
+            logprobs = self._logprobs(sub)
+            part: dict[str, float] = {}
+            if objective == "sft":
+                loss = sft_loss(logprobs, sub.loss_mask)
+            else:
+                old = sub.old_logprobs if sub.old_logprobs is not None else logprobs.detach()
+                loss, part = policy_gradient_loss(logprobs, old, adv[idx], sub.loss_mask,
+                                                  cfg.rl_loss, cfg.clip_eps)  # fmt: skip
+            if not torch.isfinite(loss):
+                self.model.zero_grad(set_to_none=True)
+                raise BadBatch(f"{objective} loss is {float(loss)} for policy {policy_id!r}; "
+                               "check rewards and logprobs for NaN/Inf")  # fmt: skip
+            state.backend.backward(loss * weight)
+            loss_value += float(loss.detach()) * weight
+            for k, v in part.items():
+                metrics[k] = metrics.get(k, 0.0) + v * weight
+        if objective == "rl":
             metrics["reward_mean"] = float(batch.rewards.mean())
-        if not torch.isfinite(loss):
-            raise BadBatch(f"{objective} loss is {float(loss)} for policy {policy_id!r}; "
-                           "check rewards and logprobs for NaN/Inf")  # fmt: skip
-        grad_norm = state.backend.backward_and_step(loss, lr)
+        grad_norm = state.backend.step(lr)
         self.model.eval()
         state.steps += 1
-        loss_value = float(loss.detach())
         state.losses.append(loss_value)
         return StepResult(loss_value, batch.tokens, grad_norm, metrics, time.perf_counter() - t0)
 
