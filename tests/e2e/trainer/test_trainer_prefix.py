@@ -56,3 +56,28 @@ def test_shared_prefix_equals_plain_forward_and_gradient(tiny_models, arch: str)
     assert grads[0].keys() == grads[1].keys() and grads[0]
     for name, g in grads[0].items():
         torch.testing.assert_close(grads[1][name], g, atol=1e-4, rtol=1e-3, msg=name)
+
+
+def test_micro_batched_step_equals_one_whole_batch_step(tiny_llama) -> None:
+    """Gradients of micro-batches (whole groups each) add up to the whole batch's: the same
+    update, loss and metrics, with a smaller peak of activations."""
+    from workers.trainer import LoraShape, MultiPolicyTrainer, TrainerConfig
+
+    results = []
+    for rows in (None, 3):  # 3 rows: the two 3-sample groups apart, the lone prompt alone
+        tr = MultiPolicyTrainer(TrainerConfig(base_model=str(tiny_llama), micro_batch_rows=rows))
+        tr.add_policy("p", LoraShape(4, 8.0, 0.0, ["q_proj", "v_proj"]), seed=0)
+        batch = tr.collate(_rows(), add_eos=False)
+        first = tr.rl_step("p", batch, 1e-2)
+        second = tr.rl_step("p", batch, 1e-2)  # B ≠ 0 after the first: the prompt matters too
+        weights = {n: p.detach().clone() for n, p in tr.model.named_parameters() if "lora_" in n}
+        results.append((first, second, weights))
+        tr.close()
+    (f1, s1, w1), (f2, s2, w2) = results
+    assert f1.loss == pytest.approx(f2.loss, abs=1e-6) and s1.loss == pytest.approx(
+        s2.loss, abs=1e-5
+    )
+    assert s1.grad_norm == pytest.approx(s2.grad_norm, rel=1e-4)
+    assert s1.metrics["ratio_mean"] == pytest.approx(s2.metrics["ratio_mean"], rel=1e-5)
+    for name, w in w1.items():
+        torch.testing.assert_close(w2[name], w, atol=1e-5, rtol=1e-4, msg=name)
