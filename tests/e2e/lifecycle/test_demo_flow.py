@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from mint.demo import run_lifecycle
+from mint.demo import TINY, run_lifecycle
 from tests.integration.lifecycle._replay import assert_catalog_equals_replay
 
 
@@ -20,8 +20,9 @@ def test_demo_flow_promotes_through_the_gate_serves_and_rolls_back(
     # The promoted revision is the first that met the gate; revision 1 (the base) did not.
     assert res.evals[res.promoted]["reward"] >= 0.8 > res.evals[1]["reward"]
     assert all(res.evals[r.revision]["reward"] < 0.8 for r in res.rounds[:-1])
-    assert set(res.served_before) == {res.promoted} and res.rolled_back_to == 1
-    assert set(res.served_after) == {1}
+    assert {a.revision for a in res.served_before} == {res.promoted} and res.rolled_back_to == 1
+    assert {a.revision for a in res.served_after} == {1}
+    assert [a.prompt for a in res.served_after] == list(TINY.show)
     moves = [(m.from_revision, m.to_revision, m.kind, m.moved_by) for m in res.history]
     assert moves == [(res.promoted, 1, "rollback", "demo"),
                      (1, res.promoted, "promote", "controller"),
