@@ -372,7 +372,7 @@ def _train_until_gate(client, task: DemoTask, res: DemoResult, start: int, gate:
             info = (f"rev {latest}: rollout reward {rnd.mean_reward:.3f}, eval "
                     f"{ev.payload.metrics['reward']:.3f} gate {verdict}")  # fmt: skip
             progress.update(bar, advance=1, info=info)
-            progress.console.print(f"round {i}: {info} (rss {workers.rss_mb():.0f} MB)")
+            progress.console.print(f"round {i}: {info} (workers: {workers.rss_mb():.0f} MB)")
             workers.check()
             if ev.payload.passed:
                 return latest
@@ -563,7 +563,7 @@ def run_demo(settings: MintSettings, console: Console, keep_services: bool = Tru
     if res.baseline_eval is not None and res.promoted_eval is not None:
         console.print(f"{task.suite}: base {res.baseline_eval:.3f} → promoted revision "
                       f"{res.promoted} {res.promoted_eval:.3f} "
-                      f"({res.promoted_eval - res.baseline_eval:+.3f}); workers' peak RSS "
+                      f"({res.promoted_eval - res.baseline_eval:+.3f}); workers' peak memory (PSS) "
                       f"{res.peak_rss_mb:.0f} MB, Kafka + Cassandra {services_mb:.0f} MB")  # fmt: skip
     console.print(f"demo {'finished' if res.ok else '[red]FAILED[/red]'} in "
                   f"{res.seconds:.0f} s. Look around with:\n  MINT_TOPIC_PREFIX="
