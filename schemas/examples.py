@@ -72,6 +72,13 @@ def example_fields(
             "store_uri": f"{root}/revisions/1",
             "cause": "promote",
         },
+        "serving.refused": {
+            "command_id": "6f1c2a4e-0b8d-4c3e-9a7f-1d2e3f405162",
+            "command_type": "serving.promote",
+            "alias": "prod",
+            "reason": "alias acme/math-rl@prod is at revision 2, not the expected 1",
+            "current_revision": 2,
+        },
         "load.requested": {
             "revision": 1,
             "adapter_digest": DIGEST,

@@ -30,6 +30,7 @@ from schemas.events import (
     RollbackCommand,
     RolloutCompleted,
     RolloutRequested,
+    ServingRefused,
     UpdateCompleted,
     UpdateRequested,
 )
@@ -51,6 +52,7 @@ _ALL: tuple[type[Payload], ...] = (
     PromoteCommand,
     RollbackCommand,
     AliasMoved,
+    ServingRefused,
     LoadRequested,
     AdapterLoaded,
     AdapterEvicted,

@@ -14,8 +14,12 @@ Guarantees:
 
 - An offset is committed only after the handler returned (or the record was dead-lettered), so
   a crash re-delivers what was not committed: at-least-once; handlers dedupe on ``event_id``.
-- A handler exception is retried with exponential backoff (``backoff_s`` doubling up to
-  ``max_backoff_s``) up to ``max_attempts`` times, then the record goes to the dead-letter topic.
+- Two kinds of handler failure. *Transient* (:func:`is_transient`: Cassandra, the broker or the
+  store unavailable; ``ConnectionError``/``TimeoutError``, ``streams.TransientError``, retriable
+  Kafka errors) is retried with capped exponential backoff for as long as it lasts, and never
+  dead-lettered: an outage delays work, it does not lose or reject it. Any other exception is
+  retried up to ``max_attempts`` times, then the record goes to the dead-letter topic with the
+  error (a handler that refuses a record for good raises at once, e.g. a catalog Conflict).
 - Poison records (not JSON, invalid, unknown type or version) go to the dead-letter topic at once.
   A dead letter keeps the original key and value bytes; ``mint.dlq.*`` headers name the reason,
   the error and the original topic/partition/offset (``schemas.events.DeadLetter``). The offset
@@ -39,7 +43,7 @@ from typing import Any
 import structlog
 from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
-from kafka.errors import CommitFailedError, RebalanceInProgressError
+from kafka.errors import CommitFailedError, KafkaError, RebalanceInProgressError
 from kafka.structs import OffsetAndMetadata
 
 from schemas.envelope import Envelope
@@ -49,6 +53,7 @@ from schemas.logs import bound_event
 from schemas.registry import decode_event
 from schemas.settings import MintSettings
 from streams.clients import make_consumer
+from streams.exceptions import TransientError
 from streams.producer import EventProducer
 from streams.topics import DLQ, topic_for
 
@@ -57,11 +62,19 @@ log = structlog.get_logger()
 Handler = Callable[[Envelope[Any], ConsumerRecord], None]
 
 
+def is_transient(error: BaseException) -> bool:
+    """A failure that passes by itself (retry it as long as it lasts), not one of the record."""
+    if isinstance(error, TransientError | ConnectionError | TimeoutError):
+        return True
+    return isinstance(error, KafkaError) and bool(error.retriable)
+
+
 @dataclass
 class ConsumerStats:
     handled: int = 0
     dead_lettered: int = 0
     retries: int = 0
+    transient_retries: int = 0  # of failures that were not the record's (never dead-lettered)
     reasons: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -142,19 +155,28 @@ class _Loop:
             return
         with bound_event(event_id=str(env.event_id), type=env.type, policy=env.policy_id,
                          correlation_id=str(env.correlation_id)):  # fmt: skip
-            for attempt in range(1, self.retry.max_attempts + 1):
+            attempt = outage = 0
+            while True:
                 try:
                     self.handler(env, record)
                     self.stats.handled += 1
                     return
-                except Exception as e:  # any handler failure: retry, then dead-letter
-                    if attempt == self.retry.max_attempts:
-                        self._to_dlq(record, "handler_failed", e, attempt, env)
-                        return
-                    self.stats.retries += 1
-                    delay = self.retry.delay(attempt)
-                    log.warning("handler failed, retrying", attempt=attempt, delay_s=delay,
-                                error=f"{type(e).__name__}: {e}")  # fmt: skip
+                except Exception as e:
+                    if is_transient(e):  # not the record's fault: wait it out, never dead-letter
+                        outage += 1
+                        self.stats.transient_retries += 1
+                        delay = self.retry.delay(outage)
+                        log.warning("transient failure, retrying until it passes", attempt=outage,
+                                    delay_s=delay, error=f"{type(e).__name__}: {e}"[:500])  # fmt: skip
+                    else:
+                        attempt += 1
+                        if attempt >= self.retry.max_attempts:
+                            self._to_dlq(record, "handler_failed", e, attempt, env)
+                            return
+                        self.stats.retries += 1
+                        delay = self.retry.delay(attempt)
+                        log.warning("handler failed, retrying", attempt=attempt, delay_s=delay,
+                                    error=f"{type(e).__name__}: {e}")  # fmt: skip
                     if self.stop.wait(delay):
                         raise _Stopped from None  # leave it uncommitted: redelivered later
 

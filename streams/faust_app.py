@@ -1,4 +1,7 @@
-"""The faust-streaming app for MinT's stream processors (lifecycle controller, …).
+"""The faust-streaming app for MinT stream processors. None runs on it today: the lifecycle
+controller left it because faust-streaming 0.15.3 stalled after a kill -9 and restart (events
+read while the recovery seeks back, then nothing more; 3 of 4 runs here). It stays, with
+``tests/integration/test_faust.py``, for stateless processors that want faust's agents.
 
 Configured from the same settings as everything else: broker, partitions and replication come
 from ``MintSettings``, so a table's changelog topic gets the registry's partition count (faust

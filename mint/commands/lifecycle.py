@@ -188,7 +188,8 @@ def promote(reference: str, alias: str, expected: int | None, reason: str, timeo
     """Move an alias to a revision: `mint promote acme/math-rl@7`.
 
     Publishes serving.promote; the controller carries it out by compare-and-set on the catalog
-    and publishes alias.moved, which this command waits for."""
+    and publishes alias.moved, which this command waits for, or serving.refused, whose reason
+    it prints at once (exit 1): e.g. `--expected 3` while the alias is at 4."""
     tenant, policy = _split(reference)
     rev = reference.partition("@")[2]
     if not rev.isdigit():

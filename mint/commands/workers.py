@@ -142,17 +142,18 @@ def evaluator(with_serving: bool, with_rollout: bool, base_model_name, **opts) -
 
 @worker.command("controller")
 def controller() -> None:
-    """Run the lifecycle controller (faust agents, tables keyed by policy).
+    """Run the lifecycle controller (one consumer group; per-policy state in Cassandra).
 
     \b
     It reacts to events and emits the next step of each policy's lifecycle:
       export.completed  -> eval.requested        (policies configured to auto-evaluate)
       eval.completed    -> serving.promote       (the gate: every threshold met)
       eval.completed    -> serving.rollback      (the serving revision regressed)
-      serving.promote / serving.rollback -> alias.moved (compare-and-set on the catalog)
+      serving.promote / serving.rollback -> alias.moved (compare-and-set on the catalog),
+                                            or serving.refused with the reason
     Configure a policy with `mint policies configure`; scale out by starting more.
     """
-    from workers.controller.app import main
+    from workers.controller.worker import main
 
     main()
 

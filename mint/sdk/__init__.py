@@ -2,7 +2,7 @@
 evaluate, promote, rollback, infer, history, wait_for) and Tinker-style verbs on top."""
 
 from mint.sdk.client import MintClient, Rollouts, Round, UpdateResult, rollouts_to_examples
-from mint.sdk.exceptions import MintError, RequestFailed, WaitTimeout
+from mint.sdk.exceptions import CommandRefused, MintError, RequestFailed, WaitTimeout
 from mint.sdk.tinker import (
     AdamParams,
     Datum,
@@ -15,6 +15,7 @@ from mint.sdk.watcher import Watcher, caused_by, correlated
 
 __all__ = [
     "AdamParams",
+    "CommandRefused",
     "Datum",
     "MintClient",
     "MintError",

@@ -24,7 +24,7 @@ from typing import Any
 import structlog
 
 from catalog.store import AdapterStore
-from mint.sdk.exceptions import RequestFailed
+from mint.sdk.exceptions import CommandRefused, RequestFailed
 from mint.sdk.watcher import Predicate, Watcher, caused_by
 from schemas import Envelope, make_event
 from schemas.events import (
@@ -269,7 +269,7 @@ class MintClient:
         cmd = self.send(policy, PromoteCommand(alias=alias, revision=revision,
                                                expected_revision=expected_revision,
                                                reason=reason, requested_by=self.name))  # fmt: skip
-        return self.wait_caused_by(cmd, "alias.moved")
+        return self._moved_or_refused(cmd)
 
     def rollback(self, policy: str, *, alias: str = "prod", to_revision: int | None = None,
                  reason: str = "", expected_revision: int | None = None) -> Envelope[AliasMoved]:  # fmt: skip
@@ -278,7 +278,15 @@ class MintClient:
                                                 expected_revision=expected_revision,
                                                 reason=reason or "rollback",
                                                 requested_by=self.name))  # fmt: skip
-        return self.wait_caused_by(cmd, "alias.moved")
+        return self._moved_or_refused(cmd)
+
+    def _moved_or_refused(self, cmd: Envelope[Any]) -> Envelope[AliasMoved]:
+        answer = self.wait_caused_by(cmd, "alias.moved", "serving.refused")
+        if answer.type == "serving.refused":
+            p = answer.payload
+            raise CommandRefused(f"{cmd.type} of {cmd.policy_id}@{p.alias} refused: {p.reason}",
+                                 current_revision=p.current_revision)  # fmt: skip
+        return answer
 
     def infer(self, policy: str, prompt: str, *, alias: str = "prod", revision: int | None = None,
               max_tokens: int = 8, temperature: float = 0.0, request_id: str | None = None,

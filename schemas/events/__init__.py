@@ -7,7 +7,7 @@ from schemas.events.inference import InferCompleted, InferFailed, InferRequested
 from schemas.events.lifecycle import PolicyConfigured
 from schemas.events.load import AdapterEvicted, AdapterLoaded, LoadFailed, LoadRequested
 from schemas.events.rollout import RolloutCompleted, RolloutRequested
-from schemas.events.serving import AliasMoved, PromoteCommand, RollbackCommand
+from schemas.events.serving import AliasMoved, PromoteCommand, RollbackCommand, ServingRefused
 from schemas.events.update import LoraSpec, UpdateCompleted, UpdateRequested
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "RollbackCommand",
     "RolloutCompleted",
     "RolloutRequested",
+    "ServingRefused",
     "Threshold",
     "UpdateCompleted",
     "UpdateRequested",

@@ -1,7 +1,9 @@
-"""Serving: promote and rollback commands, and the alias-moved fact the catalog records."""
+"""Serving: promote and rollback commands, the alias-moved fact the catalog records, and the
+refusal of a command that could not be carried out."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Literal
 
 from pydantic import Field
@@ -53,4 +55,20 @@ class AliasMoved(Payload):
     reason: str = Field("", max_length=1024)
     requested_by: str = Field(
         "", max_length=256, description="who asked for the move (the command's requested_by)"
+    )
+
+
+class ServingRefused(Payload):
+    """A promote or rollback command that was not carried out, and why (the caller reads it: the
+    SDK and `mint promote|rollback` print the reason instead of waiting for a move)."""
+
+    event_type = "serving.refused"
+    topic = "serving.events"
+
+    command_id: uuid.UUID = Field(description="event_id of the refused command")
+    command_type: Literal["serving.promote", "serving.rollback"]
+    alias: AliasName
+    reason: str = Field(max_length=2048, description="why, and what to do")
+    current_revision: int | None = Field(
+        None, ge=1, description="where the alias points now (a stale compare-and-set)"
     )

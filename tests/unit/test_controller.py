@@ -119,12 +119,27 @@ def test_regression_of_the_serving_revision_rolls_back(ctl) -> None:
     assert ctl.handle(completed(other, {"reward": 0.0})) == []
 
 
-def test_a_redelivered_event_changes_nothing_and_emits_nothing(ctl) -> None:
+def test_a_redelivered_event_changes_nothing_and_re_emits_the_same_events(ctl) -> None:
+    # Redelivered when the crash came between saving the state and publishing: its outputs
+    # come again from the outbox, with the same ids (consumers dedupe), and nothing new.
     exp = export(1)
-    assert len(ctl.handle(exp)) == 1
+    (first,) = ctl.handle(exp)
     state = dict(ctl.lifecycle["acme/math"])
-    assert ctl.handle(exp) == []
+    (again,) = ctl.handle(exp)
+    assert again == first
     assert ctl.lifecycle["acme/math"] == state
+    assert ctl.handle(first) == [] and ctl.handle(first) == []  # one that led to nothing
+
+
+def test_a_refused_command_becomes_a_serving_refused_event(ctl) -> None:
+    from schemas.events import ServingRefused
+    from workers.controller.logic import Refusal
+
+    cmd = ev(PromoteCommand(alias="prod", revision=3, expected_revision=1))
+    (out,) = ctl.handle(cmd, refusal=Refusal("alias acme/math@prod is at revision 2", 2))
+    assert isinstance(out.payload, ServingRefused) and out.causation_id == cmd.event_id
+    assert (out.payload.command_id, out.payload.current_revision) == (cmd.event_id, 2)
+    assert out.payload.command_type == "serving.promote" and "revision 2" in out.payload.reason
 
 
 def test_state_is_json_and_kept_per_policy(ctl) -> None:
@@ -146,3 +161,42 @@ def test_an_export_read_before_the_configuration_is_still_evaluated() -> None:
     # Its own request comes back through eval.requests: nothing is requested twice.
     c.handle(req)
     assert c.handle(ev(PolicyConfigured(base_model="tiny", suite="toy"))) == []
+
+
+def test_an_evaluation_read_before_the_echo_of_the_move_still_rolls_back(ctl) -> None:
+    # Topics are not ordered among each other: after a restart the new evaluation can be read
+    # before the alias.moved echo of the controller's own promotion.
+    (req,) = ctl.handle(export(1))
+    ctl.handle(req)
+    (cmd,) = ctl.handle(completed(req, {"reward": 0.9}))
+    mv = moved(cmd, None)
+    assert ctl.handle(cmd, mv) == [mv]
+    again = ev(EvalRequested(revision=1, adapter_digest=D[1], suite="toy"))
+    ctl.handle(again)
+    (rb,) = ctl.handle(completed(again, {"reward": 0.5}))
+    assert isinstance(rb.payload, RollbackCommand) and "from 0.9" in rb.payload.reason
+    # The late echo is a duplicate: the baseline stays the one at promotion.
+    ctl.handle(mv)
+    assert ctl.lifecycle["acme/math"]["baseline"]["1"] == {"reward": 0.9}
+
+
+def test_a_forged_request_with_an_empty_gate_promotes_nothing(ctl) -> None:
+    ctl.handle(export(1))  # requested by the controller with the configured gate (reward ≥ 0.6)
+    forged = ev(EvalRequested(revision=1, adapter_digest=D[1], suite="toy", thresholds={},
+                              promote_to="prod"))  # fmt: skip
+    ctl.handle(forged)
+    done = completed(forged, {"reward": 0.1})
+    assert done.payload.passed  # the evaluator's verdict on the request's (empty) thresholds
+    assert ctl.handle(done) == []  # the configured gate decides: 0.1 < 0.6
+    other = ev(EvalRequested(revision=1, adapter_digest=D[1], suite="toy", promote_to="canary"))
+    ctl.handle(other)
+    assert ctl.handle(completed(other, {"reward": 0.9})) == []  # prod is configured, not canary
+    assert ctl.lifecycle["acme/math"]["candidates"] == {}
+
+
+def test_a_result_read_before_its_requests_echo_still_promotes(ctl) -> None:
+    (req,) = ctl.handle(export(1))
+    (cmd,) = ctl.handle(completed(req, {"reward": 0.7}))  # eval.requests echo not read yet
+    assert isinstance(cmd.payload, PromoteCommand) and cmd.payload.revision == 1
+    ctl.handle(req)  # the late echo does not make the revision a candidate twice
+    assert ctl.lifecycle["acme/math"]["candidates"] == {}

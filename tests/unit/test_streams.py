@@ -7,6 +7,7 @@ import threading
 
 import pytest
 from kafka.consumer.fetcher import ConsumerRecord
+from kafka.errors import KafkaTimeoutError
 
 from schemas import EVENT_TYPES, encode_event, make_event
 from schemas.events import DeadLetter
@@ -114,6 +115,21 @@ def test_a_transient_failure_is_retried_then_handled() -> None:
     loop, producer = _loop(handler)
     loop.process(_record(_promote_bytes()))
     assert producer.sent == [] and loop.stats.handled == 1 and loop.stats.retries == 1
+
+
+@pytest.mark.parametrize("error", [ConnectionError("Cassandra down"), TimeoutError("slow"),
+                                   KafkaTimeoutError("broker away")])  # fmt: skip
+def test_an_outage_longer_than_the_attempts_is_waited_out_never_dead_lettered(error) -> None:
+    failures = [error] * 12  # three times max_attempts
+
+    def handler(env, rec) -> None:
+        if failures:
+            raise failures.pop()
+
+    loop, producer = _loop(handler, attempts=4)
+    loop.process(_record(_promote_bytes()))
+    assert producer.sent == [] and loop.stats.handled == 1
+    assert (loop.stats.transient_retries, loop.stats.retries) == (12, 0)
 
 
 def test_a_handler_failing_every_attempt_is_dead_lettered_with_the_count() -> None:

@@ -1,16 +1,18 @@
-"""The lifecycle controller as a real faust worker on real Kafka and Cassandra.
+"""The lifecycle controller as a real worker process on real Kafka and Cassandra.
 
 The test plays the trainer (registers revisions, publishes export.completed) and the evaluator
 (answers eval.requested with chosen metrics), so that the gate and the regression rule are
 exercised with exact numbers; the controller and the projector are the real workers. Midway the
-controller is killed with SIGKILL and restarted: its tables come back from their changelogs.
+controller is killed with SIGKILL and restarted: it decides from the state it saved in Cassandra.
 Finally the catalog equals a rebuild from the log.
 """
 
 from __future__ import annotations
 
+import pytest
+
 from catalog.repository import CatalogRepository
-from mint.sdk import MintClient
+from mint.sdk import CommandRefused, MintClient
 from schemas import make_event
 from schemas.events import EvalCompleted, ExportCompleted, threshold_failures
 from streams.producer import EventProducer
@@ -89,7 +91,7 @@ def test_gate_promotion_kill9_restart_auto_rollback_and_rebuild(settings, live, 
         assert not [e for e in client.events(policy, ["serving.promote"])
                     if e.payload.revision == 2]  # fmt: skip
 
-        # kill -9 the controller; the restarted one recovers its tables from the changelogs.
+        # kill -9 the controller; the restarted one decides from the state it saved.
         controller.kill9()
         controller = procs(settings, "controller2", "controller")
         # A re-evaluation of the serving revision 3 within tolerance: nothing; below: rollback.
@@ -110,6 +112,10 @@ def test_gate_promotion_kill9_restart_auto_rollback_and_rebuild(settings, live, 
         # An operator promote through the CLI path (SDK): prod 1 → 2 despite the failed gate.
         manual = client.promote(policy, 2, reason="operator override")
         assert manual.payload.to_revision == 2
+        # A stale compare-and-set is refused with a readable event, not a log line and a timeout.
+        with pytest.raises(CommandRefused, match="at revision 2") as refused:
+            client.promote(policy, 3, expected_revision=1, reason="stale")
+        assert refused.value.current_revision == 2
 
         hist = wait_until(lambda: (h := repo.alias_history(tenant, policy, "prod")) and
                           len(h) == 4 and h, 60, "4 history rows", projector)  # fmt: skip
