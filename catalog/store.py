@@ -36,6 +36,7 @@ from catalog.exceptions import (
     AdapterCorrupted,
     AdapterNotFound,
     BaseModelMismatch,
+    CrossTenantReference,
     InvalidReference,
 )
 
@@ -88,13 +89,21 @@ class AdapterStore:
     def uri_for(self, tenant: str, policy: str, digest: str) -> str:
         return self.path_for(tenant, policy, digest).as_uri()
 
-    def path_of_uri(self, uri: str) -> Path:
+    def path_of_uri(self, uri: str, owner: tuple[str, str] | None = None) -> Path:
+        """The path of ``uri`` under the root; with ``owner`` (tenant, policy), it must lie in
+        that policy's folder (compared as path components after normalization)."""
         if not uri.startswith("file://"):
             raise InvalidReference(f"store URI {uri!r}: this store reads file:// URIs only")
         path = Path(uri.removeprefix("file://")).resolve()
         if self.root not in path.parents:
             raise InvalidReference(
                 f"store URI {uri!r} lies outside this store's root {str(self.root)!r}"
+            )
+        if owner is not None and path.relative_to(self.root).parts[:2] != tuple(owner):
+            raise CrossTenantReference(
+                f"store URI {uri!r} lies outside {owner[0]}/{owner[1]}'s folder "
+                f"{str(self.root / owner[0] / owner[1])!r}: a revision is read only from its "
+                "own policy's namespace"
             )
         return path
 
@@ -176,9 +185,17 @@ class AdapterStore:
 
     # Reading.
 
-    def open(self, uri: str, *, base_model_fingerprint: str | None = None) -> StoredAdapter:
-        """Open and verify the revision at ``uri`` (digest, shape, finiteness, base model)."""
-        return self.open_path(self.path_of_uri(uri), base_model_fingerprint=base_model_fingerprint)
+    def open(
+        self,
+        uri: str,
+        *,
+        owner: tuple[str, str] | None = None,
+        base_model_fingerprint: str | None = None,
+    ) -> StoredAdapter:
+        """Open and verify the revision at ``uri`` (digest, shape, finiteness, base model). With
+        ``owner`` (tenant, policy) the URI and the manifest must both belong to that policy."""
+        return self.open_path(self.path_of_uri(uri, owner), owner=owner,
+                              base_model_fingerprint=base_model_fingerprint)  # fmt: skip
 
     def get(
         self, tenant: str, policy: str, digest: str, *, base_model_fingerprint: str | None = None
@@ -187,7 +204,13 @@ class AdapterStore:
             self.path_for(tenant, policy, digest), base_model_fingerprint=base_model_fingerprint
         )
 
-    def open_path(self, path: Path, *, base_model_fingerprint: str | None = None) -> StoredAdapter:
+    def open_path(
+        self,
+        path: Path,
+        *,
+        owner: tuple[str, str] | None = None,
+        base_model_fingerprint: str | None = None,
+    ) -> StoredAdapter:
         if not (path / MANIFEST_FILE).is_file():
             raise AdapterNotFound(
                 f"no stored revision at {str(path)!r} (no {MANIFEST_FILE}); check the URI or "
@@ -203,6 +226,11 @@ class AdapterStore:
                 "them from a replica or re-export the revision"
             )
         check_manifest_matches(manifest, shape)
+        if owner is not None and (manifest.tenant, manifest.policy) != tuple(owner):
+            raise CrossTenantReference(
+                f"revision at {str(path)!r} belongs to {manifest.tenant}/{manifest.policy} by "
+                f"its manifest, not to {owner[0]}/{owner[1]}: it is not loaded for another policy"
+            )
         if base_model_fingerprint is not None and (
             manifest.base_model_fingerprint != base_model_fingerprint
         ):

@@ -84,5 +84,11 @@ def split_policy_id(value: str) -> tuple[str, str]:
 
 
 def in_namespace(uri: str, tenant: str, policy: str) -> bool:
-    """True when ``uri`` lies under the policy's namespace: its path holds ``/tenant/policy/``."""
-    return f"/{tenant}/{policy}/" in uri.partition("://")[2]
+    """True when ``uri``'s path has the components ``tenant``, ``policy`` in a row with more
+    below them. Compared as split components, never as a substring; ``.``/``..`` segments,
+    backslashes and percent-encoding are refused before (``StoreUri``). Where the root is known
+    the store checks exactly: ``AdapterStore.open(uri, owner=(tenant, policy))``."""
+    parts = uri.partition("://")[2].split("/")
+    if any(p in (".", "..") or "\\" in p or "%" in p for p in parts):
+        return False
+    return any(parts[i : i + 2] == [tenant, policy] for i in range(len(parts) - 2))

@@ -273,3 +273,31 @@ def test_request_records_are_written_once(store):
     assert store.find_request("acme", "math-rl", rid) == {"revision": 2, "digest": FP}
     with pytest.raises(InvalidReference, match="must be a UUID"):
         store.find_request("acme", "math-rl", "../../etc")
+
+
+def test_a_revision_opens_only_for_its_own_policy(store, tmp_path):
+    import shutil
+
+    from catalog.exceptions import CrossTenantReference
+
+    stored = put(store, write_adapter(tmp_path / "a"))
+    assert store.open(stored.uri, owner=("acme", "math-rl")).digest == stored.digest
+    # The URI names another policy's folder: refused on its path components.
+    with pytest.raises(CrossTenantReference, match="outside other/math-rl's folder"):
+        store.open(stored.uri, owner=("other", "math-rl"))
+    # The same bytes copied into another tenant's folder: the path passes, the manifest does not.
+    copy = store.root / "other" / "math-rl" / "adapters" / stored.path.name
+    shutil.copytree(stored.path, copy)
+    with pytest.raises(CrossTenantReference, match="belongs to acme/math-rl by its manifest"):
+        store.open(copy.as_uri(), owner=("other", "math-rl"))
+
+
+@pytest.mark.parametrize(("uri", "tenant", "policy", "inside"), [
+    ("file:///store/acme/math-rl/adapters/x", "acme", "math-rl", True),
+    ("file:///store/xacme/math-rl/adapters/x", "acme", "math-rl", False),  # a longer name
+    ("file:///store/acme/math-rl", "acme", "math-rl", False),  # nothing below the namespace
+    ("file:///store/acme/math-rl/../other/x", "acme", "math-rl", False),  # traversal
+    ("s3://bucket/acme/math-rl/rollouts/r.jsonl", "acme", "math-rl", True),
+])  # fmt: skip
+def test_namespace_is_compared_on_path_components(uri, tenant, policy, inside):
+    assert in_namespace(uri, tenant, policy) is inside

@@ -246,7 +246,8 @@ class WorkingSet:
             if local in self._disk.values() or (local / MANIFEST_FILE).is_file():
                 self.counters.disk_hits += 1
             else:
-                src = self.store.open(ref.store_uri, base_model_fingerprint=self.fingerprint)
+                src = self.store.open(ref.store_uri, owner=(ref.tenant, ref.policy),
+                                      base_model_fingerprint=self.fingerprint)  # fmt: skip
                 self._check_digest(ref, src.digest)
                 tmp = self.cache_dir / f".{local.name}.{time.monotonic_ns()}"
                 tmp.mkdir()

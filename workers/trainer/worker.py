@@ -116,7 +116,8 @@ class TrainerService:
 
     def _open_revision(self, tenant: str, policy: str, revision: int) -> StoredAdapter:
         rev = self.repo.get_revision(tenant, policy, revision)
-        return self.store.open(rev.store_uri, base_model_fingerprint=self.trainer.fingerprint)
+        return self.store.open(rev.store_uri, owner=(tenant, policy),
+                               base_model_fingerprint=self.trainer.fingerprint)  # fmt: skip
 
     def _run(self, env: Envelope[Any]) -> dict[str, Any]:
         p: UpdateRequested = env.payload
@@ -182,7 +183,8 @@ class TrainerService:
             log.warning("update_already_registered", request=str(env.event_id),
                         revision=rev.revision)  # fmt: skip
             self.trainer.remove_policy(pid)
-            stored = self.store.open(rev.store_uri, base_model_fingerprint=self.trainer.fingerprint)
+            stored = self.store.open(rev.store_uri, owner=(env.tenant, env.policy),
+                                     base_model_fingerprint=self.trainer.fingerprint)  # fmt: skip
             state = self.trainer.add_policy(pid, parent=stored, parent_revision=rev.revision)
         state.parent, state.parent_revision = stored, rev.revision
         m = stored.manifest
