@@ -23,6 +23,7 @@ from typing import Any
 
 import structlog
 
+from catalog.claims import read_jsonl, write_jsonl
 from catalog.store import AdapterStore
 from mint.sdk.exceptions import CommandRefused, RequestFailed
 from mint.sdk.watcher import Predicate, Watcher, caused_by
@@ -42,7 +43,6 @@ from schemas.events import (
 from schemas.settings import MintSettings
 from streams.producer import EventProducer
 from streams.topics import ensure_topics
-from workers.serving.claims import read_jsonl, write_jsonl
 
 log = structlog.get_logger()
 
@@ -186,7 +186,7 @@ class MintClient:
             temperature=temperature, seed=seed, reward=reward, chat=chat,
         ))  # fmt: skip
         done = self.wait_caused_by(cmd, "rollout.completed")
-        rows = read_jsonl(self.store, done.payload.rollouts_uri)
+        rows = read_jsonl(self.store, done.payload.rollouts_uri, owner=(self.tenant, policy))
         return Rollouts(done.payload.revision, done.payload.mean_reward, rows, done)
 
     def update(

@@ -301,3 +301,24 @@ def test_a_revision_opens_only_for_its_own_policy(store, tmp_path):
 ])  # fmt: skip
 def test_namespace_is_compared_on_path_components(uri, tenant, policy, inside):
     assert in_namespace(uri, tenant, policy) is inside
+
+
+def test_claim_checks_are_read_only_inside_the_root_and_the_owners_folder(store, tmp_path):
+    from catalog.claims import read_jsonl, write_jsonl
+    from catalog.exceptions import CrossTenantReference
+
+    uri = write_jsonl(store, "acme", "math-rl", "data", "sft", [{"prompt": "a"}])
+    assert read_jsonl(store, uri, owner=("acme", "math-rl")) == [{"prompt": "a"}]
+    with pytest.raises(CrossTenantReference):  # another tenant's request naming acme's file
+        read_jsonl(store, uri, owner=("evil", "math-rl"))
+    outside = tmp_path / "acme" / "math-rl" / "data" / "x.jsonl"  # namespace-looking, no store
+    outside.parent.mkdir(parents=True)
+    outside.write_text('{"prompt": "b"}\n')
+    with pytest.raises(InvalidReference, match="outside this store's root"):
+        read_jsonl(store, outside.as_uri(), owner=("acme", "math-rl"))
+    with pytest.raises(AdapterNotFound, match="does not exist"):
+        read_jsonl(store, uri.replace("sft", "nope"), owner=("acme", "math-rl"))
+    bad = store.root / "acme" / "math-rl" / "data" / "bad.jsonl"
+    bad.write_text("{not json\n")
+    with pytest.raises(InvalidReference, match="line 1 is not JSON"):
+        read_jsonl(store, bad.as_uri())

@@ -14,13 +14,13 @@ from typing import Any
 
 import structlog
 
+from catalog.claims import read_jsonl, write_jsonl
 from catalog.store import AdapterStore
 from schemas.envelope import Envelope, make_event
 from schemas.events import RolloutCompleted, RolloutRequested
 from schemas.settings import MintSettings
 from streams.consumer import RetryPolicy, run_consumer
 from streams.producer import EventProducer
-from workers.serving.claims import read_jsonl, write_jsonl
 from workers.serving.engine import GenRequest
 from workers.serving.resolution import ResolutionCache
 from workers.serving.rewards import get_reward
@@ -45,7 +45,10 @@ class RolloutCore:
         handle = self.ws.ensure(aref)
         prompts = list(p.prompts)
         if p.prompts_uri:
-            prompts += [r["prompt"] for r in read_jsonl(self.store, p.prompts_uri)]
+            prompts += [
+                r["prompt"]
+                for r in read_jsonl(self.store, p.prompts_uri, owner=(env.tenant, env.policy))
+            ]
         reqs = [
             GenRequest(q, p.max_tokens, p.temperature, p.seed, n=p.samples_per_prompt,
                        logprobs=True, lora=handle, chat=p.chat)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Self
 
 import torch
@@ -168,19 +166,3 @@ def parse_examples(rows: list[dict[str, Any]], objective: str) -> list[SftExampl
         except ValidationError as e:
             raise BadBatch(f"{objective} example {i} is invalid: {e}") from e
     return out
-
-
-def read_jsonl(path: Path | str) -> list[dict[str, Any]]:
-    path = Path(str(path).removeprefix("file://"))
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError as e:
-        raise BadBatch(f"data file {str(path)!r} does not exist; check data_uri") from e
-    rows = []
-    for n, line in enumerate(lines, 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise BadBatch(f"{path}:{n} is not JSON ({e})") from e
-    return rows

@@ -26,7 +26,8 @@ from typing import Any
 
 import structlog
 
-from catalog.exceptions import PolicyNotFound
+from catalog.claims import read_jsonl
+from catalog.exceptions import CatalogError, PolicyNotFound
 from catalog.repository import CatalogRepository
 from catalog.store import AdapterStore, StoredAdapter
 from schemas import Envelope, make_event
@@ -35,7 +36,7 @@ from schemas.settings import MintSettings
 from streams.consumer import ConsumerStats, RetryPolicy, run_consumer, stop_on_signals
 from streams.producer import EventProducer
 from workers.trainer.config import TrainerConfig
-from workers.trainer.data import parse_examples, read_jsonl
+from workers.trainer.data import parse_examples
 from workers.trainer.engine import LoraShape, MultiPolicyTrainer
 from workers.trainer.exceptions import BadBatch
 
@@ -123,7 +124,11 @@ class TrainerService:
         p: UpdateRequested = env.payload
         t0 = time.perf_counter()
         self._check_base(p)
-        examples = parse_examples(read_jsonl(p.data_uri), p.objective)
+        try:  # the store root and the request's own namespace, like every claim check
+            rows = read_jsonl(self.store, p.data_uri, owner=(env.tenant, env.policy))
+        except CatalogError as e:
+            raise BadBatch(f"data_uri: {e}") from e
+        examples = parse_examples(rows, p.objective)
         if not examples:
             raise BadBatch(f"data_uri {p.data_uri} holds no examples")
         self._ensure_policy(env, p)

@@ -8,11 +8,11 @@ import signal
 import time
 import uuid
 
+from catalog.claims import write_jsonl
 from mint.demo import LORA_TARGETS, PROMPTS, TENANT, Workers
 from mint.sdk import MintClient, rollouts_to_examples
 from schemas.events import InferRequested, LoraSpec, UpdateRequested
 from tests.integration.lifecycle._replay import assert_catalog_equals_replay
-from workers.serving.claims import write_jsonl
 
 POLICY = "crash"
 FRESH = "crash-fresh"

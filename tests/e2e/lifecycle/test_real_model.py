@@ -10,6 +10,7 @@ import pytest
 from safetensors.torch import load_file
 
 from catalog.artifacts import model_fingerprint
+from catalog.claims import read_jsonl
 from catalog.store import AdapterStore
 from mint.demo import REAL, TENANT, Workers, _eval_of
 from mint.sdk import MintClient
@@ -17,7 +18,6 @@ from schemas.events import LoraSpec
 from tests.e2e.serving.conftest import HfReference
 from workers.models.pretrained import PRETRAINED, fetch, read_manifest
 from workers.serving import arithmetic
-from workers.serving.claims import read_jsonl
 
 pytestmark = pytest.mark.slow
 NAME = "smollm2-135m-instruct"

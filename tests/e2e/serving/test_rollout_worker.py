@@ -5,10 +5,10 @@ from __future__ import annotations
 import threading
 import uuid
 
+from catalog.claims import read_jsonl
 from schemas import decode_event, make_event
 from schemas.events import RolloutCompleted, RolloutRequested
 from streams import make_consumer
-from workers.serving.claims import read_jsonl
 from workers.serving.rewards import get_reward
 from workers.serving.rollout import RolloutCore, run_rollout_worker
 

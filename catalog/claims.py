@@ -10,9 +10,9 @@ import json
 import os
 import uuid
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
+from catalog.exceptions import AdapterNotFound, InvalidReference
 from catalog.store import AdapterStore
 
 
@@ -32,8 +32,20 @@ def write_jsonl(
     return final.as_uri()
 
 
-def read_jsonl(store: AdapterStore, uri: str) -> list[Any]:
-    path = Path(uri.removeprefix("file://")).resolve()
-    if store.root not in path.parents:
-        raise ValueError(f"claim check {uri!r} lies outside the store root {store.root}")
-    return [json.loads(line) for line in path.read_text().splitlines() if line]
+def read_jsonl(store: AdapterStore, uri: str, owner: tuple[str, str] | None = None) -> list[Any]:
+    """The rows of the claim check at ``uri``, which must lie under the store root (and in
+    ``owner``'s (tenant, policy) folder when given): the one reader of JSONL claim checks, for
+    rollouts, prompts and training data alike."""
+    path = store.path_of_uri(uri, owner)
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError as e:
+        raise AdapterNotFound(f"claim check {uri!r} does not exist; check the URI") from e
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise InvalidReference(f"claim check {uri!r} line {n} is not JSON ({e})") from e
+    return rows
