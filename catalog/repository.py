@@ -45,7 +45,8 @@ _REVISION_COLS = (
     "created_by, source_event_id, metadata"
 )
 _ALIAS_COLS = (
-    "tenant, policy, alias, revision, digest, store_uri, seq, moved_at, moved_by, last_event_id"
+    "tenant, policy, alias, revision, digest, store_uri, seq, moved_at, moved_by, last_event_id, "
+    "move_from, move_reason, move_kind"
 )
 _HISTORY_COLS = (
     "tenant, policy, alias, seq, from_revision, to_revision, moved_at, moved_by, reason, kind, "
@@ -146,13 +147,14 @@ class CatalogRepository:
             "WHERE tenant = ? AND policy = ? AND alias = ?"
         )
         self._ins_alias = s(
-            f"INSERT INTO {ks}.aliases ({_ALIAS_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-            "IF NOT EXISTS"
+            f"INSERT INTO {ks}.aliases ({_ALIAS_COLS}) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS"
         )
         self._cas_alias = s(
             f"UPDATE {ks}.aliases SET revision = ?, digest = ?, store_uri = ?, seq = ?, "
-            "moved_at = ?, moved_by = ?, last_event_id = ? "
-            "WHERE tenant = ? AND policy = ? AND alias = ? IF revision = ? AND seq = ?"
+            "moved_at = ?, moved_by = ?, last_event_id = ?, move_from = ?, move_reason = ?, "
+            "move_kind = ? WHERE tenant = ? AND policy = ? AND alias = ? "
+            "IF revision = ? AND seq = ?"
         )
         self._ins_history = q(
             f"INSERT INTO {ks}.alias_history ({_HISTORY_COLS}) "
@@ -529,7 +531,9 @@ class CatalogRepository:
         deletes the pointer) if it currently points at ``expected`` (None: unset).
 
         Compare-and-set: of racing movers exactly one wins; the others get AliasConflict naming
-        the current value. Every move writes one history row. Repeating a move with the same
+        the current value. Every move writes one history row: the compare-and-set itself carries
+        the move's audit fields, and the history row is written from them (again by the next
+        mover or reader if a crash came in between). Repeating a move with the same
         ``event_id`` returns the recorded move and writes nothing.
         """
         check_name("tenant", tenant)
@@ -543,6 +547,7 @@ class CatalogRepository:
         self._live_policy(tenant, policy)
         at = utc(at)
         cur = self._one(self._get_alias_serial, (tenant, policy, alias))
+        self._complete_history(cur)
         if cur is not None and event_id is not None:
             if cur.last_event_id == event_id:
                 return self._history_entry(tenant, policy, alias, cur.seq)
@@ -561,13 +566,14 @@ class CatalogRepository:
         if cur is None:
             row = self._one(
                 self._ins_alias,
-                (tenant, policy, alias, new_rev, new_digest, new_uri, seq, at, by, event_id),
-            )
+                (tenant, policy, alias, new_rev, new_digest, new_uri, seq, at, by, event_id,
+                 current, reason, kind),
+            )  # fmt: skip
         else:
             row = self._one(
                 self._cas_alias,
-                (new_rev, new_digest, new_uri, seq, at, by, event_id, tenant, policy, alias,
-                 current, cur.seq),
+                (new_rev, new_digest, new_uri, seq, at, by, event_id, current, reason, kind,
+                 tenant, policy, alias, current, cur.seq),
             )  # fmt: skip
         if not row.applied:
             raise _conflict(tenant, policy, alias, expected, row.revision)
@@ -597,6 +603,7 @@ class CatalogRepository:
         ``to``), by compare-and-set on its current value; recorded in history as a rollback.
         Like ``kubectl rollout undo``, two rollbacks in a row return to where they started."""
         cur = self.get_alias(tenant, policy, alias)
+        self._complete_history(self._one(self._get_alias_serial, (tenant, policy, alias)))
         if event_id is not None:
             done = self._find_move(tenant, policy, alias, event_id)
             if done is not None:
@@ -622,7 +629,21 @@ class CatalogRepository:
         check_name("tenant", tenant)
         check_name("policy", policy)
         check_alias(alias)
+        self._complete_history(self._one(self._get_alias, (tenant, policy, alias)))
         return [_move(r) for r in self._run(self._get_history, (tenant, policy, alias, limit))]
+
+    def _complete_history(self, cur) -> None:
+        """Write the history row of the alias row's latest move if a crash left it unwritten
+        (the same values the mover would have written: idempotent)."""
+        if cur is None or cur.move_kind is None or not cur.seq:
+            return  # no alias, or its last move predates migration 3 (written the old way)
+        if self._one(self._get_history_entry, (cur.tenant, cur.policy, cur.alias, cur.seq)):
+            return
+        log.warning("completing an alias move's history row", tenant=cur.tenant,
+                    policy=cur.policy, alias=cur.alias, seq=cur.seq)  # fmt: skip
+        self._run(self._ins_history, (cur.tenant, cur.policy, cur.alias, cur.seq, cur.move_from,
+                                      cur.revision, cur.moved_at, cur.moved_by, cur.move_reason,
+                                      cur.move_kind, cur.last_event_id))  # fmt: skip
 
     def _find_move(self, tenant, policy, alias, event_id: uuid.UUID) -> AliasMove | None:
         rows = self._run(self._get_history, (tenant, policy, alias, 10_000))

@@ -320,3 +320,36 @@ def test_foreign_claims_block_briefly_then_expire(catalog_keyspace, repo, tenant
         repo.register_revision(tenant, "math-rl", digest=fresh, store_uri="file:///f")
     taken = repo.register_revision(tenant, "math-rl", digest=stale, store_uri="file:///s")
     assert taken.revision == 2 and taken.is_new
+
+
+def test_a_crash_between_the_alias_move_and_its_history_row_loses_no_audit(repo, tenant):
+    from catalog.exceptions import CatalogUnavailable
+
+    _policy_with(repo, tenant, 3)
+    repo.move_alias(tenant, "math-rl", "prod", 1, expected=None, by="a", reason="first")
+    move_id = uuid.uuid4()
+    real_run = repo._run
+
+    def crash_on_history(stmt, params, **kw):
+        if stmt is repo._ins_history:  # the process dies right after the compare-and-set
+            raise CatalogUnavailable("killed between the pointer and its history row")
+        return real_run(stmt, params, **kw)
+
+    repo._run = crash_on_history
+    with pytest.raises(CatalogUnavailable):
+        repo.move_alias(tenant, "math-rl", "prod", 3, expected=1, by="controller",
+                        reason="rev 3 passed eval", event_id=move_id)  # fmt: skip
+    repo._run = real_run
+    assert repo.get_alias(tenant, "math-rl", "prod").revision == 3  # the pointer did move
+    # A fresh reader sees the whole move in history, completed from the alias row.
+    fresh = CatalogRepository(repo.session, repo.keyspace)
+    (latest, first) = fresh.alias_history(tenant, "math-rl", "prod")
+    assert (latest.from_revision, latest.to_revision, latest.reason, latest.moved_by,
+            latest.event_id) == (1, 3, "rev 3 passed eval", "controller", move_id)  # fmt: skip
+    assert (first.from_revision, first.to_revision) == (None, 1)
+    # The redelivered command is recognised (no second move), and a rollback still works.
+    again = fresh.move_alias(tenant, "math-rl", "prod", 3, expected=1, event_id=move_id)
+    assert again.seq == latest.seq
+    back = fresh.rollback(tenant, "math-rl", "prod", by="oncall")
+    assert (back.from_revision, back.to_revision) == (3, 1)
+    assert len(fresh.alias_history(tenant, "math-rl", "prod")) == 3
