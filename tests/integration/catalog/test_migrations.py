@@ -33,7 +33,8 @@ def test_migrate_creates_every_table_once_and_is_idempotent(fresh_keyspace, base
             "SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s", (ks,)
         )
     }
-    assert set(TABLES) | {"schema_migrations"} == tables
+    # The projection's tables, the migrations' record, and stream processors' state.
+    assert set(TABLES) | {"schema_migrations", "worker_state"} == tables
     assert migrate(session, ks, base_settings.keyspace_replication) == []
     assert applied_versions(session, ks) == versions
 
