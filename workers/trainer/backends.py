@@ -6,6 +6,7 @@ frozen and shared. The trainer computes the loss; a backend turns it into an upd
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import Any, Protocol
 
@@ -29,6 +30,12 @@ class Backend(Protocol):
     def step(self, lr: float) -> float:
         """Clip, take one AdamW step at ``lr``, clear the gradients; return the grad norm."""
         ...
+
+    def optimizer_state(self) -> dict[str, Any] | None:
+        """A copy of the optimizer state to restore after a failed update (None: cannot)."""
+        ...
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None: ...
 
 
 class TorchBackend:
@@ -54,6 +61,12 @@ class TorchBackend:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
+
+    def optimizer_state(self) -> dict[str, Any] | None:
+        return copy.deepcopy(self.optimizer.state_dict())
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(copy.deepcopy(state))
 
 
 _DS_INITIALIZED = False
@@ -135,3 +148,9 @@ class DeepSpeedBackend:
         self.engine.step()
         norm = self.engine.get_global_grad_norm()
         return float(norm) if norm is not None else float("nan")
+
+    def optimizer_state(self) -> dict[str, Any] | None:
+        return None  # ZeRO keeps fp32 partitions beside the state: the trainer reloads instead
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError("a DeepSpeed policy is reloaded from its revision instead")

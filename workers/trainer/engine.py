@@ -81,6 +81,19 @@ class PolicyState:
 
 
 @dataclass(frozen=True)
+class PolicySnapshot:
+    """A policy's trainable weights and optimizer state at one moment (restore after failure)."""
+
+    of: PolicyState  # the held state it was taken of (a reloaded policy is another)
+    params: list[torch.Tensor]
+    optimizer: dict[str, Any] | None
+    steps: int
+    losses: int
+    parent: StoredAdapter | None
+    parent_revision: int | None
+
+
+@dataclass(frozen=True)
 class StepResult:
     loss: float
     tokens: int
@@ -195,6 +208,45 @@ class MultiPolicyTrainer:
         assert self.model is not None
         self.model.delete_adapter(state.adapter)
         log.info("policy_removed", policy=policy_id)
+
+    def snapshot(self, policy_id: str) -> PolicySnapshot | None:
+        """The policy's weights and optimizer state now (None: not held)."""
+        return self.on_compute(self._snapshot, policy_id)
+
+    def _snapshot(self, policy_id: str) -> PolicySnapshot | None:
+        state = self.policies.get(policy_id)
+        if state is None:
+            return None
+        return PolicySnapshot(state, [p.detach().clone() for p in state.params],
+                              state.backend.optimizer_state(), state.steps, len(state.losses),
+                              state.parent, state.parent_revision)  # fmt: skip
+
+    def restore(self, policy_id: str, snap: PolicySnapshot | None) -> None:
+        """Put the policy back exactly as in ``snap`` (weights, optimizer, counters). Without a
+        restorable snapshot the policy is dropped, so the next request reloads it from its
+        stored revision rather than train on half-updated weights."""
+        self.on_compute(self._restore, policy_id, snap)
+
+    def _restore(self, policy_id: str, snap: PolicySnapshot | None) -> None:
+        state = self.policies.get(policy_id)
+        if state is None:
+            return
+        if snap is None or snap.optimizer is None or snap.of is not state:
+            self._remove_policy(policy_id)
+            log.warning("policy_dropped_after_failure", policy=policy_id)
+            return
+        with torch.no_grad():
+            for p, saved in zip(state.params, snap.params, strict=True):
+                p.copy_(saved)
+                p.grad = None
+        state.backend.load_optimizer_state(snap.optimizer)
+        state.steps, state.parent, state.parent_revision = (
+            snap.steps,
+            snap.parent,
+            snap.parent_revision,
+        )
+        del state.losses[snap.losses :]
+        log.info("policy_restored_after_failure", policy=policy_id, steps=state.steps)
 
     def policy(self, policy_id: str) -> PolicyState:
         try:

@@ -133,6 +133,17 @@ class TrainerService:
             raise BadBatch(f"data_uri {p.data_uri} holds no examples")
         self._ensure_policy(env, p)
         pid = env.policy_id
+        before = self.trainer.snapshot(pid)
+        try:
+            return self._train(env, p, examples, t0)
+        except BaseException:
+            # A retry must start from the weights and optimizer this request started from, not
+            # from half-updated ones.
+            self.trainer.restore(pid, before)
+            raise
+
+    def _train(self, env: Envelope[Any], p: UpdateRequested, examples: list, t0: float) -> dict:
+        pid = env.policy_id
         losses, metrics = [], {}
         for step in range(p.steps):
             start = (step * p.batch_size) % len(examples)

@@ -7,6 +7,8 @@ import json
 import uuid
 from pathlib import Path
 
+import pytest
+
 from catalog.repository import CatalogRepository
 from catalog.store import AdapterStore
 from schemas import make_event
@@ -149,3 +151,50 @@ def test_two_consumers_share_one_trainer_for_many_policies(settings, live, tiny_
     repo = CatalogRepository(live, settings.keyspace)
     for n in range(4):
         assert [r.revision for r in repo.iter_revisions(TENANT, f"pol-{n}")] == [1]
+
+
+def test_a_failed_update_is_retried_from_exactly_where_it_started(settings, live, tiny_llama):
+    import torch
+
+    from workers.trainer import MultiPolicyTrainer
+    from workers.trainer.worker import TrainerService
+
+    sft = write_data(settings, "retry.jsonl", [
+        {"prompt": f"question: {i} plus {i} equals? answer:", "completion": f" {2 * i}"}
+        for i in range(8)
+    ])  # fmt: skip
+    warm = UpdateRequested(base_model=str(tiny_llama), objective="sft", data_uri=sft, steps=2,
+                           batch_size=4, learning_rate=1e-2, seed=0, export=False)  # fmt: skip
+    store, repo = AdapterStore.from_settings(settings), CatalogRepository(live, settings.keyspace)
+
+    def weights(trainer) -> list:
+        return [p.detach().clone() for p in trainer.policy(f"{TENANT}/{POLICY}").params]
+
+    def run(fail_at_step: int | None) -> list:
+        warmup = make_event(warm, tenant=TENANT, policy=POLICY, producer="sdk/test")
+        update = make_event(warm.model_copy(update={"steps": 3}), tenant=TENANT, policy=POLICY,
+                            producer="sdk/test")  # fmt: skip
+        trainer = MultiPolicyTrainer(TrainerConfig(base_model=str(tiny_llama)))
+        with EventProducer(settings) as producer:
+            service = TrainerService(trainer, store, repo, producer)
+            service.handle(warmup)  # the optimizer has state before the update under test
+            if fail_at_step is not None:
+                real, calls = trainer.sft_step, []
+
+                def flaky(*a, **kw):
+                    calls.append(1)
+                    if len(calls) == fail_at_step:
+                        raise TimeoutError("store blip mid-update")
+                    return real(*a, **kw)
+
+                trainer.sft_step = flaky
+                with pytest.raises(TimeoutError):
+                    service.handle(update)  # two steps were taken, then it failed
+                trainer.sft_step = real
+            service.handle(update)  # the retry (or the only try)
+            out = weights(trainer)
+        trainer.close()
+        return out
+
+    clean, retried = run(None), run(fail_at_step=3)
+    assert all(torch.allclose(a, b, atol=1e-6, rtol=0) for a, b in zip(clean, retried, strict=True))
