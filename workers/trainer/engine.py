@@ -31,6 +31,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from catalog.artifacts import model_fingerprint
 from catalog.store import AdapterStore, StoredAdapter
+from workers.trainer import evicted
 from workers.trainer.backends import Backend, DeepSpeedBackend, TorchBackend
 from workers.trainer.config import TrainerConfig
 from workers.trainer.data import Batch, collate, micro_batches
@@ -123,6 +124,7 @@ class MultiPolicyTrainer:
         self.fingerprint = model_fingerprint(config.base_model)
         self.model: PeftModel | None = None
         self.policies: OrderedDict[str, PolicyState] = OrderedDict()
+        self._evicted: dict[str, tuple] = {}  # evicted state when there is no store
         self.lock = threading.RLock()  # guards the shared model: active adapter, fwd/bwd/step
         self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer-compute")
         self._compute_ident = self._compute.submit(threading.get_ident).result()
@@ -163,7 +165,7 @@ class MultiPolicyTrainer:
             self.policies.move_to_end(policy_id)
             return self.policies[policy_id]
         while len(self.policies) >= self.config.max_policies:
-            self._remove_policy(next(iter(self.policies)))
+            self._evict(next(iter(self.policies)))
         name = _adapter_name(policy_id)
         if parent is not None:
             m = parent.manifest
@@ -195,10 +197,50 @@ class MultiPolicyTrainer:
         state = PolicyState(policy_id, name, lora, backend, params, parent=parent,
                             parent_revision=parent_revision)  # fmt: skip
         self.policies[policy_id] = state
+        self._resume_evicted(state)
         log.info("policy_added", policy=policy_id, adapter=name, rank=lora.rank,
                  trainable=sum(p.numel() for p in params),
                  parent=parent.digest if parent else None)  # fmt: skip
         return state
+
+    def _evict(self, policy_id: str) -> None:
+        """Drop the least recently used policy, saving what no revision holds: its weights
+        (unexported steps) and optimizer state, to the store (or memory without one)."""
+        state = self.policies[policy_id]
+        optimizer = state.backend.optimizer_state()
+        if optimizer is not None:
+            params = [p.detach().clone() for p in state.params]
+            meta = {"parent_revision": state.parent_revision, "steps": state.steps,
+                    "shapes": [list(p.shape) for p in params]}  # fmt: skip
+            if self.store is not None:
+                evicted.save(self.store, policy_id, params, optimizer, meta)
+            else:
+                self._evicted[policy_id] = (params, optimizer, meta)
+        self._remove_policy(policy_id)
+        log.info("policy_evicted", policy=policy_id, saved=optimizer is not None)
+
+    def _resume_evicted(self, state: PolicyState) -> None:
+        """Continue an evicted policy exactly where it was, if it returns at the same revision."""
+        pid = state.policy_id
+        saved = self._evicted.pop(pid, None)
+        if saved is None and self.store is not None:
+            saved = evicted.load(self.store, pid)
+            evicted.discard(self.store, pid)
+        if saved is None:
+            return
+        params, optimizer, meta = saved
+        if meta["parent_revision"] != state.parent_revision or meta["shapes"] != [
+            list(p.shape) for p in state.params
+        ]:
+            log.info("evicted_state_stale", policy=pid, saved_at=meta["parent_revision"],
+                     now_at=state.parent_revision)  # fmt: skip
+            return
+        with torch.no_grad():
+            for p, value in zip(state.params, params, strict=True):
+                p.copy_(value)
+        state.backend.load_optimizer_state(optimizer)
+        state.steps = meta["steps"]
+        log.info("policy_resumed_after_eviction", policy=pid, steps=state.steps)
 
     def remove_policy(self, policy_id: str) -> None:
         self.on_compute(self._remove_policy, policy_id)

@@ -154,3 +154,33 @@ def test_lm_head_lora_exports_lora_tensors_only(tiny_llama: Path, tmp_path: Path
         expected = peft_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     mine = trainer.logits("acme/rl", batch.input_ids, batch.attention_mask)
     torch.testing.assert_close(mine, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("with_store", [True, False])
+def test_evict_and_continue_gives_the_weights_of_no_eviction(tiny_llama: Path, tmp_path: Path,
+                                                             with_store: bool) -> None:  # fmt: skip
+    store = AdapterStore(tmp_path / "store") if with_store else None
+    lora = LoraShape(rank=4, alpha=8, target_modules=["q_proj", "v_proj"])
+    batch_rows = TOY_SFT[:4]
+
+    def train(max_policies: int) -> list[torch.Tensor]:
+        trainer = MultiPolicyTrainer(TrainerConfig(base_model=str(tiny_llama),
+                                                   max_policies=max_policies), store)  # fmt: skip
+        batch = trainer.collate(batch_rows)
+        trainer.add_policy("acme/a", lora, seed=0)
+        for _ in range(2):  # unexported steps and optimizer state that no revision holds
+            trainer.sft_step("acme/a", batch, lr=1e-2)
+        trainer.add_policy("acme/b", lora, seed=1)  # with max_policies=1 this evicts acme/a
+        trainer.sft_step("acme/b", batch, lr=1e-2)
+        trainer.add_policy("acme/a", lora, seed=0)  # back, as the worker re-adds it
+        trainer.sft_step("acme/a", batch, lr=1e-2)
+        out = [p.detach().clone() for p in trainer.policy("acme/a").params]
+        assert trainer.policy("acme/a").steps == 3
+        trainer.close()
+        return out
+
+    resident, evicted = train(max_policies=2), train(max_policies=1)
+    assert all(torch.allclose(a, b, atol=1e-6, rtol=0) for a, b in zip(resident, evicted,
+                                                                        strict=True))  # fmt: skip
+    if store is not None:  # the saved state was consumed on return
+        assert not (store.root / "acme" / "a" / "trainer-state").exists()
