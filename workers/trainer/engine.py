@@ -212,7 +212,7 @@ class MultiPolicyTrainer:
             params = [p.detach().clone() for p in state.params]
             meta = {"parent_revision": state.parent_revision, "steps": state.steps,
                     "shapes": [list(p.shape) for p in params]}  # fmt: skip
-            if self.store is not None:
+            if self.store is not None and evicted.storable(policy_id):
                 evicted.save(self.store, policy_id, params, optimizer, meta)
             else:
                 self._evicted[policy_id] = (params, optimizer, meta)
@@ -223,7 +223,7 @@ class MultiPolicyTrainer:
         """Continue an evicted policy exactly where it was, if it returns at the same revision."""
         pid = state.policy_id
         saved = self._evicted.pop(pid, None)
-        if saved is None and self.store is not None:
+        if saved is None and self.store is not None and evicted.storable(pid):
             saved = evicted.load(self.store, pid)
             evicted.discard(self.store, pid)
         if saved is None:

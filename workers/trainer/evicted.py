@@ -23,6 +23,16 @@ from schemas.names import split_policy_id
 STATE_DIR = "trainer-state"
 
 
+def storable(policy_id: str) -> bool:
+    """Whether the id names a store namespace (``tenant/policy``); the trainer also takes bare
+    ids (benchmarks, tests), whose evicted state stays in memory."""
+    try:
+        split_policy_id(policy_id)
+    except ValueError:
+        return False
+    return True
+
+
 def _folder(store: AdapterStore, policy_id: str) -> Path:
     tenant, policy = split_policy_id(policy_id)
     return store.root / tenant / policy / STATE_DIR
