@@ -54,6 +54,9 @@ class MintSettings(BaseSettings):
     cassandra_heap_mb: int = Field(1024, ge=512, le=1024)
     startup_timeout_s: float = Field(120.0, gt=0)
 
+    metrics_port: int | None = Field(
+        None, ge=1, le=65535, description="serve Prometheus metrics of this process on the port"
+    )
     log_level: str = Field("INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
     log_format: str = Field("json", pattern=r"^(json|console)$")
 

@@ -20,6 +20,10 @@ Guarantees:
   dead-lettered: an outage delays work, it does not lose or reject it. Any other exception is
   retried up to ``max_attempts`` times, then the record goes to the dead-letter topic with the
   error (a handler that refuses a record for good raises at once, e.g. a catalog Conflict).
+  While an outage is waited out the consumer's partitions are paused and it keeps polling, so
+  it stays in its group (no rebalance storm) and fetches nothing new; the gauge
+  ``mint_consumer_waiting_out_outage`` is 1 and ``mint_consumer_transient_failures_total``
+  counts the attempts (``MINT_METRICS_PORT`` serves them).
 - Poison records (not JSON, invalid, unknown type or version) go to the dead-letter topic at once.
   A dead letter keeps the original key and value bytes; ``mint.dlq.*`` headers name the reason,
   the error and the original topic/partition/offset (``schemas.events.DeadLetter``). The offset
@@ -45,6 +49,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 from kafka.errors import CommitFailedError, KafkaError, RebalanceInProgressError
 from kafka.structs import OffsetAndMetadata
+from prometheus_client import Counter, Gauge, start_http_server
 
 from schemas.envelope import Envelope
 from schemas.events.dead_letter import DeadLetter
@@ -60,6 +65,23 @@ from streams.topics import DLQ, topic_for
 log = structlog.get_logger()
 
 Handler = Callable[[Envelope[Any], ConsumerRecord], None]
+
+RECORDS = Counter("mint_consumer_records", "records finished by a consumer loop",
+                  ["group", "outcome"])  # fmt: skip
+TRANSIENT = Counter("mint_consumer_transient_failures",
+                    "handler failures that were waited out (never dead-lettered)", ["group"])  # fmt: skip
+WAITING = Gauge("mint_consumer_waiting_out_outage",
+                "1 while the loop waits out a transient failure with its partitions paused",
+                ["group"])  # fmt: skip
+_metrics_started: set[int] = set()
+
+
+def serve_metrics(port: int | None) -> None:
+    """Serve this process's Prometheus metrics on ``port`` (once per process; None: not)."""
+    if port is not None and port not in _metrics_started:
+        start_http_server(port)
+        _metrics_started.add(port)
+        log.info("metrics served", port=port)
 
 
 def is_transient(error: BaseException) -> bool:
@@ -129,9 +151,12 @@ class _Loop:
         retry: RetryPolicy,
         producer: EventProducer | None,
         stop: threading.Event,
+        keepalive: Callable[[bool], None] | None = None,
     ) -> None:
         self.settings, self.group_id, self.handler, self.retry = settings, group_id, handler, retry
         self.stop = stop
+        # keepalive(True) while an outage is waited out (pause and keep polling), (False) after.
+        self.keepalive = keepalive or (lambda waiting: None)
         self._own_producer = producer is None
         self.producer = producer or EventProducer(settings, client_id=f"{group_id}-dlq")
         self.dlq = topic_for(settings, DLQ)
@@ -144,6 +169,7 @@ class _Loop:
         self.producer.send_raw(self.dlq, value, key, headers)
         self.stats.dead_lettered += 1
         self.stats.reasons[reason] = self.stats.reasons.get(reason, 0) + 1
+        RECORDS.labels(self.group_id, "dead_lettered").inc()
         log.warning("dead-lettered", reason=reason, error=str(error)[:300], topic=record.topic,
                     partition=record.partition, offset=record.offset)  # fmt: skip
 
@@ -160,11 +186,18 @@ class _Loop:
                 try:
                     self.handler(env, record)
                     self.stats.handled += 1
+                    RECORDS.labels(self.group_id, "handled").inc()
+                    if outage:
+                        WAITING.labels(self.group_id).set(0)
+                        self.keepalive(False)
+                        log.info("transient failure passed", attempts=outage)
                     return
                 except Exception as e:
                     if is_transient(e):  # not the record's fault: wait it out, never dead-letter
                         outage += 1
                         self.stats.transient_retries += 1
+                        TRANSIENT.labels(self.group_id).inc()
+                        WAITING.labels(self.group_id).set(1)
                         delay = self.retry.delay(outage)
                         log.warning("transient failure, retrying until it passes", attempt=outage,
                                     delay_s=delay, error=f"{type(e).__name__}: {e}"[:500])  # fmt: skip
@@ -177,8 +210,20 @@ class _Loop:
                         delay = self.retry.delay(attempt)
                         log.warning("handler failed, retrying", attempt=attempt, delay_s=delay,
                                     error=f"{type(e).__name__}: {e}")  # fmt: skip
-                    if self.stop.wait(delay):
+                    if self._wait(delay, outage > 0):
                         raise _Stopped from None  # leave it uncommitted: redelivered later
+
+    def _wait(self, delay: float, in_outage: bool) -> bool:
+        """Sleep ``delay`` (True: stop was asked); during an outage keep the group membership."""
+        deadline = time.monotonic() + delay
+        while True:
+            if in_outage:
+                self.keepalive(True)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return self.stop.is_set()
+            if self.stop.wait(min(left, 1.0)):
+                return True
 
     def close(self) -> None:
         if self._own_producer:
@@ -248,7 +293,20 @@ def run_consumer(
     records were finished, or nothing arrived for ``idle_timeout_s``). Returns the counts."""
     names = list(topics) if raw_topics else [topic_for(settings, t) for t in topics]
     stop = stop or threading.Event()
-    loop = _Loop(settings, group_id, handler, retry or RetryPolicy(), producer, stop)
+    serve_metrics(settings.metrics_port)
+    consumer: KafkaConsumer | None = None
+
+    def keepalive(waiting: bool) -> None:
+        # Paused partitions fetch nothing, but poll() keeps the member in the group (heartbeat
+        # and max_poll_interval), so an outage does not move partitions around for nothing.
+        if waiting:
+            consumer.pause(*consumer.assignment())
+            for tp, records in consumer.poll(timeout_ms=0).items():
+                consumer.seek(tp, records[0].offset)  # newly assigned mid-poll: read them later
+        else:
+            consumer.resume(*consumer.paused())
+
+    loop = _Loop(settings, group_id, handler, retry or RetryPolicy(), producer, stop, keepalive)
     # 10 s (not kafka-python's 45 s) so a crashed worker's partitions move on soon; a worker
     # restarted with the same ``group_instance_id`` (static membership) takes them back at once.
     options = {"isolation_level": "read_committed", "client_id": group_id,
