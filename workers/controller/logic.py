@@ -134,7 +134,7 @@ class Controller:
             cfg = self.configs.get(pid)
             if (env.producer != self.producer and p.promote_to and cfg and cfg["auto_promote"]
                     and p.promote_to == cfg["promote_to"]):  # fmt: skip
-                st["candidates"][str(p.revision)] = p.promote_to
+                _add_candidate(st, p.revision, p.promote_to)
         elif isinstance(p, EvalCompleted):
             out += self._on_eval(env, st)
         elif isinstance(p, (PromoteCommand, RollbackCommand)):
@@ -171,7 +171,7 @@ class Controller:
             return []
         st["requested"] = (st["requested"] + [revision])[-RECENT:]
         if cfg["auto_promote"]:  # recorded now, not when the request's echo is read back
-            st["candidates"][str(revision)] = cfg["promote_to"]
+            _add_candidate(st, revision, cfg["promote_to"])
         req = EvalRequested(
             revision=revision, adapter_digest=digest, suite=cfg["suite"],
             thresholds=cfg["thresholds"],
@@ -252,6 +252,12 @@ class Controller:
     @staticmethod
     def _note(st: dict, kind: str, revision: int | None, detail: str) -> None:
         st["transitions"] = (st["transitions"] + [[kind, revision, detail]])[-50:]
+
+
+def _add_candidate(st: dict, revision: int, alias: str) -> None:
+    """Remember a promotion candidate; the oldest go when results never came (bounded)."""
+    kept = [(k, v) for k, v in st["candidates"].items() if k != str(revision)][-(RECENT - 1) :]
+    st["candidates"] = dict(kept + [(str(revision), alias)])
 
 
 def _metrics(metrics: dict[str, float]) -> str:
