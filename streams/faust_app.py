@@ -1,6 +1,6 @@
 """The faust-streaming app for MinT stream processors. None runs on it today: the lifecycle
 controller left it because faust-streaming 0.15.3 stalled after a kill -9 and restart (events
-read while the recovery seeks back, then nothing more; 3 of 4 runs here). It stays, with
+read while the recovery seeks back, then nothing more; 3 of 5 runs here). It stays, with
 ``tests/integration/test_faust.py``, for stateless processors that want faust's agents.
 
 Configured from the same settings as everything else: broker, partitions and replication come

@@ -16,7 +16,7 @@ with the same ids. Cassandra or the broker being away is transient: the loop ret
 long as it lasts (``streams.consumer``), never dead-letters it, and never drops a command.
 
 (It ran as a faust agent before; faust-streaming 0.15.3 stalled for good after a kill -9 and
-restart in 3 of 4 runs here, see README "Reliability".)
+restart in 3 of 5 runs here, see README "Reliability".)
 """
 
 from __future__ import annotations
