@@ -301,7 +301,8 @@ def run_consumer(
         # and max_poll_interval), so an outage does not move partitions around for nothing.
         if waiting:
             consumer.pause(*consumer.assignment())
-            for tp, records in consumer.poll(timeout_ms=0).items():
+            # Long enough for a rebalance begun here to finish, so the commit after it holds.
+            for tp, records in consumer.poll(timeout_ms=300).items():
                 consumer.seek(tp, records[0].offset)  # newly assigned mid-poll: read them later
         else:
             consumer.resume(*consumer.paused())

@@ -203,20 +203,21 @@ def test_an_outage_longer_than_max_poll_interval_keeps_the_member_and_loses_noth
         producer.publish_many([promote("acme", "p", 1), promote("acme", "p", 2)])
     until = time.monotonic() + 8
     calls: list[int] = []
+    group = f"{settings.topic_prefix}-outage"
 
     def handle(env, record) -> None:
         calls.append(env.payload.revision)
         if time.monotonic() < until:
             raise ConnectionError("Cassandra did not answer")
 
-    stats = run_consumer(settings, ["serving.commands"], "outage-test", handle, max_records=2,
+    stats = run_consumer(settings, ["serving.commands"], group, handle, max_records=2,
                          retry=RetryPolicy(max_attempts=2, backoff_s=0.5, max_backoff_s=1.0),
-                         max_poll_interval_ms=3000, session_timeout_ms=6000)  # fmt: skip
+                         max_poll_interval_ms=3000, heartbeat_interval_ms=1000)  # fmt: skip
     assert stats.handled == 2 and stats.dead_lettered == 0 and stats.transient_retries >= 6
     assert [c for c in calls if c == 2] == [2]  # the second record waited, handled once
     assert REGISTRY.get_sample_value("mint_consumer_waiting_out_outage",
-                                     {"group": "outage-test"}) == 0  # fmt: skip
+                                     {"group": group}) == 0  # fmt: skip
     assert read_topic(settings, settings.topic("dlq")) == []
     # Committed: the group resumes after both records.
-    again = run_consumer(settings, ["serving.commands"], "outage-test", handle, idle_timeout_s=3)
+    again = run_consumer(settings, ["serving.commands"], group, handle, idle_timeout_s=3)
     assert again.records == 0
