@@ -22,8 +22,8 @@ Guarantees:
   error (a handler that refuses a record for good raises at once, e.g. a catalog Conflict).
   While an outage is waited out the consumer's partitions are paused and it keeps polling, so
   it stays in its group (no rebalance storm) and fetches nothing new; the gauge
-  ``mint_consumer_waiting_out_outage`` is 1 and ``mint_consumer_transient_failures_total``
-  counts the attempts (``MINT_METRICS_PORT`` serves them).
+  ``mint_consumer_waiting_out_outage`` is 1, ``mint_consumer_transient_failures_total``
+  counts the attempts and ``/readyz`` answers 503 (``MINT_METRICS_PORT``, streams.health).
 - Poison records (not JSON, invalid, unknown type or version) go to the dead-letter topic at once.
   A dead letter keeps the original key and value bytes; ``mint.dlq.*`` headers name the reason,
   the error and the original topic/partition/offset (``schemas.events.DeadLetter``). The offset
@@ -49,7 +49,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 from kafka.errors import CommitFailedError, KafkaError, RebalanceInProgressError
 from kafka.structs import OffsetAndMetadata
-from prometheus_client import Counter, Gauge, start_http_server
+from prometheus_client import Counter
 
 from schemas.envelope import Envelope
 from schemas.events.dead_letter import DeadLetter
@@ -57,6 +57,7 @@ from schemas.exceptions import SchemaError
 from schemas.logs import bound_event
 from schemas.registry import decode_event
 from schemas.settings import MintSettings
+from streams import health
 from streams.clients import make_consumer
 from streams.exceptions import TransientError
 from streams.producer import EventProducer
@@ -65,23 +66,18 @@ from streams.topics import DLQ, topic_for
 log = structlog.get_logger()
 
 Handler = Callable[[Envelope[Any], ConsumerRecord], None]
+# (key, value, headers) of a dead letter -> delivered (confirmed send, or added to a transaction)
+DeadLetterSink = Callable[[bytes | None, bytes | None, list[tuple[str, bytes]]], None]
 
 RECORDS = Counter("mint_consumer_records", "records finished by a consumer loop",
                   ["group", "outcome"])  # fmt: skip
 TRANSIENT = Counter("mint_consumer_transient_failures",
                     "handler failures that were waited out (never dead-lettered)", ["group"])  # fmt: skip
-WAITING = Gauge("mint_consumer_waiting_out_outage",
-                "1 while the loop waits out a transient failure with its partitions paused",
-                ["group"])  # fmt: skip
-_metrics_started: set[int] = set()
 
 
 def serve_metrics(port: int | None) -> None:
-    """Serve this process's Prometheus metrics on ``port`` (once per process; None: not)."""
-    if port is not None and port not in _metrics_started:
-        start_http_server(port)
-        _metrics_started.add(port)
-        log.info("metrics served", port=port)
+    """Serve this process's ``/metrics``, ``/healthz`` and ``/readyz`` (streams.health)."""
+    health.serve(port)
 
 
 def is_transient(error: BaseException) -> bool:
@@ -140,8 +136,9 @@ def dead_letter(
     return record.key, record.value, kept + letter.to_headers()
 
 
-class _Loop:
-    """Shared per-record logic of run_consumer and run_range."""
+class RecordLoop:
+    """The per-record rules (decode, retry, wait out outages, dead-letter), shared by
+    :class:`ConsumerLoop`, :func:`run_range` and ``streams.transactional``."""
 
     def __init__(
         self,
@@ -152,21 +149,29 @@ class _Loop:
         producer: EventProducer | None,
         stop: threading.Event,
         keepalive: Callable[[bool], None] | None = None,
+        dead_letter_sink: DeadLetterSink | None = None,
     ) -> None:
         self.settings, self.group_id, self.handler, self.retry = settings, group_id, handler, retry
         self.stop = stop
         # keepalive(True) while an outage is waited out (pause and keep polling), (False) after.
         self.keepalive = keepalive or (lambda waiting: None)
-        self._own_producer = producer is None
-        self.producer = producer or EventProducer(settings, client_id=f"{group_id}-dlq")
         self.dlq = topic_for(settings, DLQ)
+        # Where dead letters go: confirmed sends by default; a transaction adds them to its batch.
+        self._own_producer = producer is None and dead_letter_sink is None
+        self.producer = producer
+        if dead_letter_sink is None:
+            self.producer = producer or EventProducer(settings, client_id=f"{group_id}-dlq")
+            dead_letter_sink = self._send_confirmed
+        self.sink = dead_letter_sink
         self.stats = ConsumerStats()
+
+    def _send_confirmed(self, key: bytes | None, value: bytes | None, headers: list) -> None:
+        self.producer.send_raw(self.dlq, value, key, headers)  # type: ignore[union-attr]
 
     def _to_dlq(
         self, record: ConsumerRecord, reason: str, error: Any, attempts: int, env: Any = None
     ) -> None:
-        key, value, headers = dead_letter(record, reason, error, self.group_id, attempts, env)
-        self.producer.send_raw(self.dlq, value, key, headers)
+        self.sink(*dead_letter(record, reason, error, self.group_id, attempts, env))
         self.stats.dead_lettered += 1
         self.stats.reasons[reason] = self.stats.reasons.get(reason, 0) + 1
         RECORDS.labels(self.group_id, "dead_lettered").inc()
@@ -181,37 +186,59 @@ class _Loop:
             return
         with bound_event(event_id=str(env.event_id), type=env.type, policy=env.policy_id,
                          correlation_id=str(env.correlation_id)):  # fmt: skip
-            attempt = outage = 0
+            attempt = 0
+
+            def call() -> None:
+                self.handler(env, record)
+
+            def give_up(e: Exception) -> bool:
+                nonlocal attempt
+                attempt += 1
+                if attempt >= self.retry.max_attempts:
+                    self._to_dlq(record, "handler_failed", e, attempt, env)
+                    return True
+                return False
+
+            if self.attempt(call, give_up):
+                self.stats.handled += 1
+                RECORDS.labels(self.group_id, "handled").inc()
+
+    def attempt(self, call: Callable[[], None], give_up: Callable[[Exception], bool]) -> bool:
+        """Run ``call`` until it succeeds (True), waiting out transient failures for as long as
+        they last; after any other failure ``give_up(e)`` says whether to stop trying (False).
+        Raises Stopped when ``stop`` is set while waiting: the record stays uncommitted."""
+        failures = outage = 0
+        try:
             while True:
                 try:
-                    self.handler(env, record)
-                    self.stats.handled += 1
-                    RECORDS.labels(self.group_id, "handled").inc()
+                    call()
                     if outage:
-                        WAITING.labels(self.group_id).set(0)
-                        self.keepalive(False)
                         log.info("transient failure passed", attempts=outage)
-                    return
+                    return True
                 except Exception as e:
                     if is_transient(e):  # not the record's fault: wait it out, never dead-letter
                         outage += 1
+                        if outage == 1:
+                            health.waiting(self.group_id, True)
                         self.stats.transient_retries += 1
                         TRANSIENT.labels(self.group_id).inc()
-                        WAITING.labels(self.group_id).set(1)
                         delay = self.retry.delay(outage)
                         log.warning("transient failure, retrying until it passes", attempt=outage,
                                     delay_s=delay, error=f"{type(e).__name__}: {e}"[:500])  # fmt: skip
                     else:
-                        attempt += 1
-                        if attempt >= self.retry.max_attempts:
-                            self._to_dlq(record, "handler_failed", e, attempt, env)
-                            return
+                        if give_up(e):
+                            return False
+                        failures += 1
                         self.stats.retries += 1
-                        delay = self.retry.delay(attempt)
-                        log.warning("handler failed, retrying", attempt=attempt, delay_s=delay,
+                        delay = self.retry.delay(failures)
+                        log.warning("handler failed, retrying", attempt=failures, delay_s=delay,
                                     error=f"{type(e).__name__}: {e}")  # fmt: skip
                     if self._wait(delay, outage > 0):
-                        raise _Stopped from None  # leave it uncommitted: redelivered later
+                        raise Stopped from None  # leave it uncommitted: redelivered later
+        finally:
+            if outage:
+                health.waiting(self.group_id, False)
+                self.keepalive(False)
 
     def _wait(self, delay: float, in_outage: bool) -> bool:
         """Sleep ``delay`` (True: stop was asked); during an outage keep the group membership."""
@@ -226,12 +253,16 @@ class _Loop:
                 return True
 
     def close(self) -> None:
-        if self._own_producer:
+        if self._own_producer and self.producer is not None:
             self.producer.close()
 
 
-class _Stopped(Exception):
+class Stopped(Exception):
     pass
+
+
+def _reraise(error: Exception) -> bool:
+    raise error
 
 
 def _commit(consumer: KafkaConsumer, done: dict[TopicPartition, int]) -> None:
@@ -258,9 +289,10 @@ def stop_on_signals(*signals: int) -> threading.Event:
 
 def _drain(
     consumer: KafkaConsumer,
-    loop: _Loop,
+    loop: RecordLoop,
     batches: dict[TopicPartition, list[ConsumerRecord]],
     end: dict[TopicPartition, int] | None = None,
+    before_commit: Callable[[], None] | None = None,
 ) -> None:
     """Handle one poll's records partition by partition, committing what was finished."""
     done: dict[TopicPartition, int] = {}
@@ -271,8 +303,132 @@ def _drain(
                     break
                 loop.process(record)
                 done[tp] = record.offset
+        if before_commit is not None:
+            loop.attempt(before_commit, _reraise)
     finally:
         _commit(consumer, done)
+
+
+class ConsumerLoop:
+    """One consumer in one group under the shared rules (see the module's docstring).
+
+    ``run()`` drives it alone (that is :func:`run_consumer`); a host that interleaves several
+    consumers in one thread (the serving engine: one vLLM engine, not re-entrant) calls
+    ``step()`` on each in turn and passes every loop the same ``keepalive`` (see
+    :func:`hold_all`), so that an outage waited out in one loop keeps all of them in their groups.
+
+    ``before_commit`` (optional) runs after each poll's records were handled and before their
+    offsets are committed, even for an empty poll: a host that batches work (queue in the
+    handler, generate for the whole batch here) publishes its results there, so an offset is
+    committed only after what it led to was published. Its transient failures are waited out
+    like a handler's; any other failure propagates (the poll stays uncommitted).
+    """
+
+    def __init__(
+        self,
+        settings: MintSettings,
+        topics: Iterable[str],
+        group_id: str,
+        handler: Handler,
+        *,
+        stop: threading.Event | None = None,
+        retry: RetryPolicy | None = None,
+        raw_topics: bool = False,
+        producer: EventProducer | None = None,
+        before_commit: Callable[[], None] | None = None,
+        keepalive: Callable[[bool], None] | None = None,
+        **consumer_options: Any,
+    ) -> None:
+        self.names = list(topics) if raw_topics else [topic_for(settings, t) for t in topics]
+        self.group_id = group_id
+        self.stop = stop or threading.Event()
+        self.before_commit = before_commit
+        serve_metrics(settings.metrics_port)
+        health.register(group_id)
+        self._loop = RecordLoop(settings, group_id, handler, retry or RetryPolicy(), producer,
+                           self.stop, keepalive or self.hold)  # fmt: skip
+        # 10 s (not kafka-python's 45 s) so a crashed worker's partitions move on soon; a worker
+        # restarted with the same ``group_instance_id`` (static membership) takes them back.
+        options = {"isolation_level": "read_committed", "client_id": group_id,
+                   "session_timeout_ms": 10_000}  # fmt: skip
+        options.update(consumer_options)
+        try:
+            self.consumer = make_consumer(settings, group_id=group_id, **options)
+        except BaseException:
+            self._loop.close()
+            raise
+        for name in self.names:  # metadata first: the first assignment sees every partition
+            if not self.consumer.partitions_for_topic(name):
+                log.warning("topic has no partitions yet; create it with ensure_topics", topic=name)
+        self.consumer.subscribe(self.names)
+        log.info("consumer started", topics=self.names, group=group_id)
+
+    @property
+    def stats(self) -> ConsumerStats:
+        return self._loop.stats
+
+    def hold(self, waiting: bool) -> None:
+        """Pause (True) or resume (False) this consumer's partitions. Paused partitions fetch
+        nothing, but poll() keeps the member in its group (heartbeat and max_poll_interval), so
+        an outage does not move partitions around for nothing."""
+        consumer = self.consumer
+        if waiting:
+            consumer.pause(*consumer.assignment())
+            # Long enough for a rebalance begun here to finish, so the commit after it holds.
+            for tp, records in consumer.poll(timeout_ms=300).items():
+                consumer.seek(tp, records[0].offset)  # newly assigned mid-poll: read them later
+        else:
+            consumer.resume(*consumer.paused())
+
+    def step(self, timeout_ms: int = 200, max_records: int | None = None) -> int:
+        """One poll: handle its records, run ``before_commit``, commit. Returns how many records
+        it finished. Raises Stopped when stop is set during a wait (nothing more is committed)."""
+        batches = self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
+        before = self.stats.records
+        _drain(self.consumer, self._loop, batches, before_commit=self.before_commit)
+        return self.stats.records - before
+
+    @property
+    def assigned(self) -> bool:
+        return bool(self.consumer.assignment())
+
+    def run(
+        self, max_records: int | None = None, idle_timeout_s: float | None = None
+    ) -> ConsumerStats:
+        """Step until stop is set, ``max_records`` were finished, or nothing arrived for
+        ``idle_timeout_s`` once partitions were assigned; then close."""
+        last_seen = time.monotonic()
+        try:
+            while not self.stop.is_set():
+                if max_records is not None and self.stats.records >= max_records:
+                    break
+                budget = None if max_records is None else max_records - self.stats.records
+                if self.step(200, budget) or not self.assigned:
+                    last_seen = time.monotonic()  # idle time counts once assigned
+                elif idle_timeout_s is not None and time.monotonic() - last_seen > idle_timeout_s:
+                    break
+        except Stopped:
+            pass
+        finally:
+            self.close()
+        return self.stats
+
+    def close(self) -> None:
+        self.consumer.close(autocommit=False)
+        self._loop.close()
+        log.info("consumer stopped", group=self.group_id, handled=self.stats.handled,
+                 dead_lettered=self.stats.dead_lettered)  # fmt: skip
+
+
+def hold_all(loops: Callable[[], Iterable[ConsumerLoop]]) -> Callable[[bool], None]:
+    """A keepalive for loops that share one thread: while one waits out an outage, every one of
+    them pauses and keeps polling (a consumer not polled for max_poll_interval leaves its group)."""
+
+    def keepalive(waiting: bool) -> None:
+        for loop in loops():
+            loop.hold(waiting)
+
+    return keepalive
 
 
 def run_consumer(
@@ -291,54 +447,9 @@ def run_consumer(
 ) -> ConsumerStats:
     """Consume ``topics`` as member of ``group_id`` until ``stop`` is set (or ``max_records``
     records were finished, or nothing arrived for ``idle_timeout_s``). Returns the counts."""
-    names = list(topics) if raw_topics else [topic_for(settings, t) for t in topics]
-    stop = stop or threading.Event()
-    serve_metrics(settings.metrics_port)
-    consumer: KafkaConsumer | None = None
-
-    def keepalive(waiting: bool) -> None:
-        # Paused partitions fetch nothing, but poll() keeps the member in the group (heartbeat
-        # and max_poll_interval), so an outage does not move partitions around for nothing.
-        if waiting:
-            consumer.pause(*consumer.assignment())
-            # Long enough for a rebalance begun here to finish, so the commit after it holds.
-            for tp, records in consumer.poll(timeout_ms=300).items():
-                consumer.seek(tp, records[0].offset)  # newly assigned mid-poll: read them later
-        else:
-            consumer.resume(*consumer.paused())
-
-    loop = _Loop(settings, group_id, handler, retry or RetryPolicy(), producer, stop, keepalive)
-    # 10 s (not kafka-python's 45 s) so a crashed worker's partitions move on soon; a worker
-    # restarted with the same ``group_instance_id`` (static membership) takes them back at once.
-    options = {"isolation_level": "read_committed", "client_id": group_id,
-               "session_timeout_ms": 10_000}  # fmt: skip
-    options.update(consumer_options)
-    consumer = make_consumer(settings, group_id=group_id, **options)
-    for name in names:  # metadata first, so the first assignment already sees every partition
-        if not consumer.partitions_for_topic(name):
-            log.warning("topic has no partitions yet; create it with ensure_topics", topic=name)
-    consumer.subscribe(names)
-    last_seen = time.monotonic()
-    log.info("consumer started", topics=names, group=group_id)
-    try:
-        while not stop.is_set():
-            if max_records is not None and loop.stats.records >= max_records:
-                break
-            budget = None if max_records is None else max_records - loop.stats.records
-            batches = consumer.poll(timeout_ms=200, max_records=budget)
-            if batches or not consumer.assignment():  # idle time counts once assigned
-                last_seen = time.monotonic()
-                _drain(consumer, loop, batches)
-            elif idle_timeout_s is not None and time.monotonic() - last_seen > idle_timeout_s:
-                break
-    except _Stopped:
-        pass
-    finally:
-        consumer.close(autocommit=False)
-        loop.close()
-    log.info("consumer stopped", group=group_id, handled=loop.stats.handled,
-             dead_lettered=loop.stats.dead_lettered)  # fmt: skip
-    return loop.stats
+    loop = ConsumerLoop(settings, topics, group_id, handler, stop=stop, retry=retry,
+                        raw_topics=raw_topics, producer=producer, **consumer_options)  # fmt: skip
+    return loop.run(max_records, idle_timeout_s)
 
 
 def run_range(
@@ -355,7 +466,7 @@ def run_range(
     """Feed the records ``start[tp] <= offset < end[tp]`` to ``handler`` with the same retry and
     dead-letter rules, committing progress under ``group_id`` (replay re-drives use a fresh one)."""
     stop = stop or threading.Event()
-    loop = _Loop(settings, group_id, handler, retry or RetryPolicy(), None, stop)
+    loop = RecordLoop(settings, group_id, handler, retry or RetryPolicy(), None, stop)
     pending = {tp: off for tp, off in start.items() if off < end.get(tp, 0)}
     consumer = make_consumer(settings, group_id=group_id, isolation_level="read_committed")
     try:
@@ -373,7 +484,7 @@ def run_range(
                 if consumer.position(tp) >= end[tp]:
                     del pending[tp]
                     consumer.pause(tp)
-    except _Stopped:
+    except Stopped:
         pass
     finally:
         consumer.close(autocommit=False)

@@ -18,10 +18,9 @@ class PublishError(StreamsError, ConnectionError):
 
 
 class TransientError(StreamsError):
-    """Raise from a handler to ask for a retry with backoff (e.g. a store or database blip).
-
-    The consumer loop also retries other exceptions; this one just says "expected, not a bug".
-    """
+    """Raise from a handler when the record is fine but a dependency is not (store, database,
+    broker unavailable). The consumer loop retries it with capped backoff for as long as it
+    lasts, partitions paused and /readyz saying so, and never dead-letters the record."""
 
 
 __all__ = ["KafkaUnavailable", "PublishError", "StreamsError", "TopicError", "TransientError"]

@@ -28,11 +28,10 @@ from kafka.errors import KafkaError, ProducerFencedError
 from kafka.structs import OffsetAndMetadata
 
 from schemas.envelope import Envelope
-from schemas.exceptions import SchemaError
-from schemas.registry import decode_event, encode_event
+from schemas.registry import encode_event
 from schemas.settings import MintSettings
 from streams.clients import make_consumer, make_producer
-from streams.consumer import ConsumerStats, RetryPolicy, dead_letter
+from streams.consumer import ConsumerStats, RecordLoop, RetryPolicy, Stopped
 from streams.topics import DLQ, topic_for, topic_for_type
 
 log = structlog.get_logger()
@@ -61,36 +60,27 @@ def run_transactional(
     dead-lettered inside the same transaction."""
     names = list(topics) if raw_topics else [topic_for(settings, t) for t in topics]
     stop = stop or threading.Event()
-    retry = retry or RetryPolicy()
+    batch: list[Out] = []  # the current record's outputs or dead letter, for the transaction
     dlq = topic_for(settings, DLQ)
-    stats = ConsumerStats()
+
+    def handle(env: Envelope[Any], record: ConsumerRecord) -> None:
+        batch[:] = [(output_topic or topic_for_type(settings, o.type), o.key, encode_event(o), [])
+                    for o in process(env, record)]  # fmt: skip
+
+    def sink(key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]) -> None:
+        batch[:] = [(dlq, key, value, headers)]
+
+    # The shared per-record rules: poison at once and a record that keeps failing go to the
+    # dead-letter topic (inside this transaction); transient failures are waited out, never
+    # dead-lettered.
+    loop = RecordLoop(settings, group_id, handle, retry or RetryPolicy(), None, stop,
+                 dead_letter_sink=sink)  # fmt: skip
+    stats = loop.stats
 
     def outputs_for(record: ConsumerRecord) -> list[Out]:
-        try:
-            env = decode_event(record.value)
-        except SchemaError as e:
-            stats.dead_lettered += 1
-            stats.reasons[e.reason] = stats.reasons.get(e.reason, 0) + 1
-            return [(dlq, *dead_letter(record, e.reason, e, group_id))]
-        for attempt in range(1, retry.max_attempts + 1):
-            try:
-                outs = [
-                    (output_topic or topic_for_type(settings, o.type), o.key, encode_event(o), [])
-                    for o in process(env, record)
-                ]
-                stats.handled += 1
-                return outs
-            except Exception as e:  # retried, then dead-lettered
-                if attempt == retry.max_attempts:
-                    stats.dead_lettered += 1
-                    stats.reasons["handler_failed"] = stats.reasons.get("handler_failed", 0) + 1
-                    return [
-                        (dlq, *dead_letter(record, "handler_failed", e, group_id, attempt, env))
-                    ]
-                stats.retries += 1
-                log.warning("process failed, retrying", attempt=attempt, error=str(e)[:300])
-                time.sleep(retry.delay(attempt))
-        raise AssertionError("unreachable")
+        batch.clear()
+        loop.process(record)
+        return list(batch)
 
     producer = make_producer(
         settings, transactional_id=transactional_id, client_id=transactional_id
@@ -125,6 +115,10 @@ def run_transactional(
             snapshot = (stats.handled, stats.dead_lettered, stats.retries, dict(stats.reasons))
             try:
                 _one_transaction(producer, consumer, batches, outputs_for)
+            except Stopped:
+                with contextlib.suppress(KafkaError):
+                    producer.abort_transaction()  # uncommitted: the next instance redoes it
+                break
             except ProducerFencedError:
                 raise  # another instance took over this transactional_id: stop here
             except KafkaError as e:

@@ -14,7 +14,7 @@ from schemas.events import DeadLetter
 from schemas.examples import example_payload
 from schemas.settings import MintSettings
 from streams import TOPICS, RetryPolicy, StreamsError, TopicError, topic_for, topic_for_type
-from streams.consumer import _Loop, dead_letter
+from streams.consumer import RecordLoop, dead_letter
 from streams.replay import Window, fresh_group, load_processor
 
 SETTINGS = MintSettings(topic_prefix="unit")
@@ -78,9 +78,9 @@ class _RecordingProducer:
         pass
 
 
-def _loop(handler, attempts: int = 3) -> tuple[_Loop, _RecordingProducer]:
+def _loop(handler, attempts: int = 3) -> tuple[RecordLoop, _RecordingProducer]:
     producer = _RecordingProducer()
-    loop = _Loop(SETTINGS, "g", handler, RetryPolicy(attempts, 0.001, 0.001), producer,
+    loop = RecordLoop(SETTINGS, "g", handler, RetryPolicy(attempts, 0.001, 0.001), producer,
                  threading.Event())  # type: ignore[arg-type]  # fmt: skip
     return loop, producer
 

@@ -1,0 +1,103 @@
+"""What a worker's HTTP port says about it: ``/metrics`` (Prometheus), ``/healthz`` and ``/readyz``.
+
+One port per process (``MINT_METRICS_PORT``; off when unset):
+
+- ``/healthz``: 200 while the process runs (a liveness probe: an outage of Kafka, Cassandra or the
+  store is waited out, so it is no reason to restart the worker). The JSON body names each
+  consumer group and whether it is waiting out an outage, and since when.
+- ``/readyz``: 503 while any of its consumer loops waits out a transient failure (its partitions
+  paused), 200 otherwise: a readiness probe, and what an operator's dashboard shows.
+- ``/metrics``: every ``mint_*`` metric of the process.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import structlog
+from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
+
+log = structlog.get_logger()
+
+WAITING = Gauge("mint_consumer_waiting_out_outage",
+                "1 while the loop waits out a transient failure with its partitions paused",
+                ["group"])  # fmt: skip
+
+_lock = threading.Lock()
+_waiting_since: dict[str, float] = {}  # group -> wall time the outage began
+_groups: set[str] = set()
+_servers: dict[int, ThreadingHTTPServer] = {}
+
+
+def register(group: str) -> None:
+    with _lock:
+        _groups.add(group)
+    WAITING.labels(group).set(0)
+
+
+def waiting(group: str, is_waiting: bool) -> None:
+    """Mark ``group``'s loop as waiting out an outage (True) or running again (False)."""
+    with _lock:
+        _groups.add(group)
+        if is_waiting:
+            _waiting_since.setdefault(group, time.time())
+        else:
+            _waiting_since.pop(group, None)
+    WAITING.labels(group).set(1 if is_waiting else 0)
+
+
+def report() -> dict:
+    with _lock:
+        groups = {
+            g: {
+                "waiting_out_outage": g in _waiting_since,
+                "waiting_since": _waiting_since.get(g),
+            }  # fmt: skip
+            for g in sorted(_groups)
+        }
+    ready = not any(v["waiting_out_outage"] for v in groups.values())
+    return {"status": "ready" if ready else "waiting_out_outage", "groups": groups}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            self._send(200, generate_latest(), CONTENT_TYPE_LATEST)
+        elif path in ("/healthz", "/readyz"):
+            body = report()
+            code = 503 if path == "/readyz" and body["status"] != "ready" else 200
+            self._send(code, json.dumps(body).encode(), "application/json")
+        else:
+            self._send(404, b'{"error": "try /metrics, /healthz or /readyz"}', "application/json")
+
+    def _send(self, code: int, body: bytes, content_type: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:  # scrapes every few seconds: not worth a log line
+        pass
+
+
+def serve(port: int | None, host: str = "0.0.0.0") -> int | None:
+    """Serve this process's health and metrics on ``port`` (once per process; None: off; 0: a free
+    port). Returns the port it listens on."""
+    if port is None:
+        return None
+    if port in _servers and port != 0:
+        return port
+    server = ThreadingHTTPServer((host, port), _Handler)
+    server.daemon_threads = True
+    bound = server.server_address[1]
+    _servers[bound] = server
+    if port != 0:
+        _servers[port] = server
+    threading.Thread(target=server.serve_forever, name=f"health-{bound}", daemon=True).start()
+    log.info("health and metrics served", port=bound, paths=["/metrics", "/healthz", "/readyz"])
+    return bound
