@@ -37,12 +37,12 @@ def evaluator_main(settings: MintSettings, config: EngineConfig, cache_dir: Path
             core = ServingCore(engine, ws, resolver, engine_id=config.engine_id,
                                base_model=base_model_name or config.model,
                                max_num_seqs=config.max_num_seqs)  # fmt: skip
-            serving = ServingWorker(settings, core)
+            serving = ServingWorker(settings, core, stop=stop)
         rollout = RolloutCore(engine, ws, resolver, store, engine_id=config.engine_id) \
             if with_rollout else None  # fmt: skip
         host = EngineHost(settings, serving=serving, rollout=rollout, evaluator=evaluator,
-                          engine_id=config.engine_id)  # fmt: skip
-        log.info("engine host stopped", **host.run(stop))
+                          engine_id=config.engine_id, stop=stop)  # fmt: skip
+        log.info("engine host stopped", **host.run())
     finally:
         engine.close()
         cluster.shutdown()

@@ -14,7 +14,7 @@ from typing import Any
 
 import structlog
 
-from catalog.exceptions import CatalogError
+from catalog.exceptions import CatalogError, CatalogUnavailable
 from schemas.envelope import Envelope, make_event
 from schemas.events import (
     AdapterEvicted,
@@ -93,6 +93,8 @@ class ServingCore:
         ref = ref_text(env)
         try:
             res = self.resolver.resolve(ref)
+        except CatalogUnavailable:
+            raise  # not the request's fault: the consumer loop waits the outage out
         except CatalogError as e:
             return [self._failed(env, ref, "resolve", str(e), t0=t0)]
         aref = AdapterRef(res.tenant, res.policy, res.revision, res.digest, res.store_uri)

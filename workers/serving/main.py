@@ -48,7 +48,7 @@ def serve_main(settings: MintSettings, config: EngineConfig, cache_dir: Path, ba
     core = ServingCore(engine, ws, resolver, engine_id=config.engine_id, base_model=base_model,
                        max_num_seqs=config.max_num_seqs)  # fmt: skip
     try:
-        stats = ServingWorker(settings, core).run(stop_on_signals())
+        stats = ServingWorker(settings, core, stop=stop_on_signals()).run()
         log.info("serving worker stopped", **stats, **ws.counters.as_dict())
     finally:
         engine.close()

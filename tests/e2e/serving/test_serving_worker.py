@@ -137,3 +137,37 @@ def test_200_adapters_mixed_workload_with_4_gpu_slots(
     assert len(served) == 200
     c = stack.ws.counters
     assert c.loads >= 200 and c.evictions >= 200 - 8, c
+
+
+def test_a_catalog_outage_delays_a_request_but_never_fails_or_dead_letters_it(
+    stack, variant_factory
+) -> None:
+    # Cassandra stops answering for 3 s while a request resolves: the infer loop waits it out
+    # with its partitions paused (the process reports not ready), then serves the request.
+    import time
+
+    from catalog.exceptions import CatalogUnavailable
+    from streams import health
+
+    t = f"o{uuid.uuid4().hex[:8]}"
+    rev = stack.register(t, "chat", variant_factory(301))
+    promote(stack, t, "chat", rev.revision)
+    real, until, seen = stack.resolver._resolve, time.monotonic() + 3, []
+
+    def flaky(ref: str):
+        if time.monotonic() < until:
+            seen.append(health.report())
+            raise CatalogUnavailable("Cassandra did not answer (injected)")
+        return real(ref)
+
+    stack.resolver._resolve = flaky
+    stack.resolver.invalidate(t, "chat", "prod")
+    env = stack.request(t, "chat", "during-outage", PROMPTS[1], max_tokens=4)
+    got = stack.serve([env])["during-outage"]
+    assert isinstance(got.payload, InferCompleted) and got.payload.revision == rev.revision
+    group = f"{stack.settings.topic_prefix}-serving"
+    assert len(seen) >= 2 and seen[-1]["groups"][group]["waiting_out_outage"]
+    assert seen[-1]["status"] == "waiting_out_outage"
+    assert health.report()["status"] == "ready"
+    assert stack.worker._infer.stats.transient_retries >= 2
+    assert stack.worker._infer.stats.dead_lettered == 0
