@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cassandra import DriverException
 from cassandra.cluster import (
     EXEC_PROFILE_DEFAULT,
     Cluster,
@@ -16,6 +17,11 @@ from schemas.settings import MintSettings
 
 class CassandraUnavailable(ConnectionError):
     """No Cassandra node answered at the configured contact points."""
+
+
+# What the driver raises when the cluster, not the request, is the problem. NoHostAvailable (every
+# node down or restarting) is not a DriverException, and is the common case on a one-node cluster.
+DRIVER_ERRORS = (DriverException, NoHostAvailable)
 
 
 def connect(settings: MintSettings, keyspace: str | None = None) -> tuple[Cluster, Session]:

@@ -55,3 +55,29 @@ def rebuild(
                 report.failures.append(f"{env.type} {env.event_id}: {e}")
             log.warning("rebuild: event refused", event_id=str(env.event_id), error=str(e))
     return report
+
+
+def replay_differences(
+    session: Session, settings: Any, events: Iterable[Envelope[Any]]
+) -> list[str]:
+    """Rebuild the catalog from ``events`` (the log) into ``<keyspace>_rb`` and compare: the
+    catalog is a projection of the log when this returns []. ``applied_events`` (dedup
+    bookkeeping) must hold the same events; only its type label may differ, where the trainer
+    registered a revision before announcing it (``revision.registered``)."""
+    from catalog.snapshot import compare, dump
+
+    target = f"{settings.keyspace}_rb"
+    report = rebuild(session, target, settings.keyspace_replication, events)
+    problems = [f"replay refused: {f}" for f in report.failures]
+    content = tuple(t for t in TABLES if t != "applied_events")
+    diff = compare(session, settings.keyspace, target, tables=content)
+    if not diff.identical:
+        problems.append(diff.summary())
+
+    def applied(ks: str) -> set[tuple]:
+        rows = dump(session, ks, ("applied_events",))["applied_events"]
+        return {tuple(v for k, v in r if k not in ("type", "outcome")) for r in rows}
+
+    if applied(settings.keyspace) != applied(target):
+        problems.append("applied_events differ between the catalog and its replay")
+    return problems

@@ -13,10 +13,11 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import structlog
-from cassandra import ConsistencyLevel, DriverException
+from cassandra import ConsistencyLevel
 from cassandra.cluster import Session
 from cassandra.query import PreparedStatement
 
+from catalog.cluster import DRIVER_ERRORS
 from catalog.exceptions import (
     AliasConflict,
     AliasNotFound,
@@ -196,7 +197,7 @@ class CatalogRepository:
     def _run(self, stmt, params: tuple, **kw):
         try:
             return self.session.execute(stmt, params or None, **kw)
-        except DriverException as e:
+        except DRIVER_ERRORS as e:
             raise CatalogUnavailable(
                 f"Cassandra request on keyspace {self.keyspace!r} failed ({type(e).__name__}: "
                 f"{e}); check `mint dev status` or the cluster, then retry"

@@ -12,9 +12,10 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from cassandra import ConsistencyLevel, DriverException
+from cassandra import ConsistencyLevel
 from cassandra.cluster import Session
 
+from catalog.cluster import DRIVER_ERRORS
 from catalog.exceptions import CatalogUnavailable
 
 
@@ -36,7 +37,7 @@ class StateTable:
     def _run(self, stmt, params: tuple):
         try:
             return self.session.execute(stmt, params)
-        except DriverException as e:
+        except DRIVER_ERRORS as e:
             raise CatalogUnavailable(
                 f"Cassandra did not answer for worker state {self.name!r} in keyspace "
                 f"{self.keyspace!r} ({type(e).__name__}: {e}); the worker retries"

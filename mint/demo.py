@@ -168,13 +168,25 @@ class Workers:
         self.procs[name] = proc
         return proc
 
+    KINDS = ("projector", "controller", "trainer", "engine")
+
     def start_all(self) -> None:
-        m = str(self.model)
-        self.start("projector", "projector", "--migrate")
-        self.start("controller", "controller")
-        self.start("trainer", "trainer", "--base-model", m,
-                   OMP_NUM_THREADS=str(self.task.trainer_threads))  # fmt: skip
-        self.start_engine("engine")
+        for kind in self.KINDS:
+            self.start_worker(kind)
+
+    def start_worker(self, kind: str, name: str | None = None) -> subprocess.Popen:
+        """Start (or restart, after a crash) one worker of ``kind`` (one of KINDS)."""
+        name = name or kind
+        if kind == "projector":
+            return self.start(name, "projector", "--migrate")
+        if kind == "controller":
+            return self.start(name, "controller")
+        if kind == "trainer":
+            return self.start(name, "trainer", "--base-model", str(self.model),
+                              OMP_NUM_THREADS=str(self.task.trainer_threads))  # fmt: skip
+        if kind == "engine":
+            return self.start_engine(name)
+        raise ValueError(f"unknown worker kind {kind!r}; expected one of {', '.join(self.KINDS)}")
 
     def start_engine(self, name: str) -> subprocess.Popen:
         # nobind: on a small shared machine vLLM's default pins its threads to one core, which

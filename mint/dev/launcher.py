@@ -281,6 +281,23 @@ def _failure(svc: Service, what: str) -> str:
             f"{svc.home / (svc.name + '.out')}. Last lines:\n{tail}")  # fmt: skip
 
 
+def kill(settings: MintSettings, name: str, timeout_s: float = 30.0) -> int | None:
+    """SIGKILL one managed service, as a crash would (chaos runs: benchmarks/fault_injection.py),
+    and wait until its port is closed; ``up`` starts it again on the same data. Returns its pid
+    (None: it was not running under this launcher)."""
+    svc = services(settings)[name]
+    pid = _read_pid(svc)
+    if pid is None:
+        return None
+    os.killpg(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout_s
+    while port_open("127.0.0.1", svc.port) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    svc.pid_file.unlink(missing_ok=True)
+    log.warning("service killed", service=name, pid=pid)
+    return pid
+
+
 def down(settings: MintSettings, timeout_s: float = 60.0) -> list[str]:
     """Stop the services this launcher started (SIGTERM, then SIGKILL after ``timeout_s``)."""
     stopped = []

@@ -1,0 +1,254 @@
+"""Fault injection: the whole lifecycle under steady traffic while its parts are killed -9.
+
+Its own Kafka and Cassandra (other ports, a temporary state folder: the faults disturb nothing
+else), the demo's workers (projector, controller, trainer, one vLLM engine host) on the tiny
+Llama, and the SDK. Inference requests flow all the time, every 0.25 s (an upstream producer
+that resends until the broker confirms). Each fault is one round: a training update is started,
+then the part is killed -9 while the update runs and restarted a few seconds later; the round
+ends when the update's revision was exported and a request sent after the restart was answered
+(``recovery_seconds``), then the revision is promoted and, every other round, rolled back.
+
+At the end every request must have its answer, every update exactly one revision, the
+dead-letter topic stays empty (all traffic is valid: a dead letter here is a transient failure
+that was dead-lettered), and the catalog equals a replay of the log. ONE JSON line:
+
+    python benchmarks/fault_injection.py           # kafka, cassandra, then each worker kind
+    python benchmarks/fault_injection.py --smoke   # one fault of each kind: kafka, cassandra,
+                                                   # the trainer (what the tests run)
+    python benchmarks/fault_injection.py --faults engine,controller --down-s 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SERVICES = ("kafka", "cassandra")
+WORKERS = ("projector", "controller", "trainer", "engine")
+FULL = SERVICES + WORKERS
+SMOKE = ("kafka", "cassandra", "trainer")
+POLICY = "chaos"
+
+
+class Traffic(threading.Thread):
+    """Steady inference requests; each is resent until the broker confirms it (as an upstream
+    producer would during a broker outage), with the same event, so its answer dedupes."""
+
+    def __init__(self, client, every_s: float = 0.25) -> None:
+        super().__init__(name="traffic", daemon=True)
+        self.client, self.every_s = client, every_s
+        self.sent: dict[str, float] = {}  # request_id -> when the broker confirmed it
+        self.send_retries = 0
+        self.halt = threading.Event()
+
+    def send(self, request_id: str, prompt: str) -> None:
+        from schemas import make_event
+        from schemas.events import InferRequested
+
+        env = make_event(InferRequested(request_id=request_id, prompt=prompt, max_tokens=4),
+                         tenant=self.client.tenant, policy=POLICY,
+                         producer=self.client.name)  # fmt: skip
+        while True:
+            try:
+                self.client.producer.publish(env, timeout_s=5.0)
+                self.sent[request_id] = time.monotonic()
+                return
+            except Exception:  # the broker is away: try again, the same event
+                self.send_retries += 1
+                if self.halt.wait(0.5):
+                    return
+
+    def run(self) -> None:
+        from mint.demo import PROMPTS
+
+        n = 0
+        while not self.halt.wait(self.every_s):
+            self.send(f"steady-{n}", PROMPTS[n % len(PROMPTS)])
+            n += 1
+
+
+def answered(client) -> dict[str, float]:
+    """request_id -> when the SDK first saw its answer (completed or failed)."""
+    out: dict[str, float] = {}
+    for env in client.events(POLICY, ["infer.completed", "infer.failed"]):
+        out.setdefault(env.payload.request_id, time.monotonic())
+    return out
+
+
+def dead_letters(settings) -> int:
+    from kafka import TopicPartition
+
+    from streams.clients import make_consumer
+    from streams.topics import DLQ, topic_for
+
+    topic = topic_for(settings, DLQ)
+    consumer = make_consumer(settings)
+    try:
+        tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+        return sum(consumer.end_offsets(tps).values()) if tps else 0
+    finally:
+        consumer.close()
+
+
+def inject(fault: str, settings, workers, down_s: float) -> None:
+    from mint.dev import launcher
+
+    if fault in SERVICES:
+        launcher.kill(settings, fault)
+        time.sleep(down_s)
+        launcher.up(settings, only=(fault,))
+    else:
+        workers.stop(fault, sig=signal.SIGKILL)
+        time.sleep(down_s)
+        workers.start_worker(fault)
+
+
+def run(faults: tuple[str, ...], down_s: float, steps: int, smoke: bool) -> dict:
+    from catalog.claims import write_jsonl
+    from catalog.cluster import connect
+    from catalog.migrate import migrate
+    from catalog.rebuild import replay_differences
+    from mint.demo import PROMPTS, TENANT, Workers, tiny_model, wait_projected
+    from mint.dev import launcher
+    from mint.sdk import MintClient, rollouts_to_examples
+    from schemas.events import LoraSpec, UpdateRequested
+    from schemas.settings import MintSettings
+    from streams.topics import ensure_topics
+    from workers.projector import read_log
+
+    run_id = uuid.uuid4().hex[:6]
+    state = Path(tempfile.mkdtemp(prefix="mint-fault-"))
+    s = MintSettings().model_copy(update={
+        "topic_prefix": f"chaos-{run_id}", "keyspace": f"chaos_{run_id}", "state_dir": state,
+        "kafka_bootstrap": "127.0.0.1:29092", "kafka_controller_port": 29093,
+        "cassandra_port": 29042, "cassandra_storage_port": 27000,
+        "store_uri": str(state / "store"), "models_dir": state / "models",
+    })  # fmt: skip
+    t0 = time.monotonic()
+    out: dict = {"benchmark": "fault_injection", "smoke": smoke, "faults": list(faults),
+                 "down_s": down_s}  # fmt: skip
+    workers = client = traffic = None
+    try:
+        out["services_ready_s"] = {k: round(v, 1) for k, v in launcher.up(s).items()}
+        ensure_topics(s)
+        cluster, session = connect(s)
+        migrate(session, s.keyspace, s.keyspace_replication)
+        model = tiny_model(s)
+        workers = Workers(s, model, state / "logs")
+        workers.start_all()
+        client = MintClient(s, TENANT, producer="chaos", timeout_s=600)
+        client.base_models[POLICY] = str(model)
+        lora = LoraSpec(rank=8, alpha=16, target_modules=["q_proj", "v_proj"])
+        latest = client.init_policy(POLICY, lora=lora).revision
+        client.promote(POLICY, latest, reason="baseline")
+        ro = client.rollout(POLICY, PROMPTS, revision=latest, reward="even_tokens",
+                            samples_per_prompt=4, max_tokens=8, seed=1)  # fmt: skip
+        data = write_jsonl(client.store, TENANT, POLICY, "data", "chaos",
+                           rollouts_to_examples(ro.rows))  # fmt: skip
+        updates = 1  # init_policy's
+        traffic = Traffic(client)
+        traffic.start()
+        recovery: dict[str, float] = {}
+        for i, fault in enumerate(faults):
+            cmd = client.send(POLICY, UpdateRequested(
+                base_model=str(model), parent_revision=latest, objective="rl", data_uri=data,
+                steps=steps, batch_size=len(ro.rows), learning_rate=1e-2, lora=lora,
+            ))  # fmt: skip
+            time.sleep(1.0)  # the update is running (or queued behind the trainer's poll)
+            t_kill = time.monotonic()
+            print(f"fault {i + 1}/{len(faults)}: kill -9 {fault}", file=sys.stderr, flush=True)
+            inject(fault, s, workers, down_s)
+            probe = f"probe-{fault}-{i}"
+            traffic.send(probe, PROMPTS[0])
+            export = client.wait_caused_by(cmd, "export.completed", timeout_s=600)
+            client.wait_for(lambda e, p=probe: e.type in ("infer.completed", "infer.failed")
+                            and e.payload.request_id == p, timeout_s=600,
+                            what=f"the answer to {probe}")  # fmt: skip
+            recovery[fault] = round(time.monotonic() - t_kill, 1)
+            updates += 1
+            latest = export.payload.revision
+            client.promote(POLICY, latest, reason=f"after the {fault} fault")
+            if i % 2 == 1:
+                client.rollback(POLICY, reason=f"rollback after the {fault} fault")
+            workers.check()
+        traffic.halt.set()
+        traffic.join(timeout=30)
+        deadline = time.monotonic() + 300
+        while set(traffic.sent) - set(answered(client)) and time.monotonic() < deadline:
+            time.sleep(1.0)
+        got = answered(client)
+        unanswered = set(traffic.sent) - set(got)
+        failed = {e.payload.request_id for e in client.events(POLICY, ["infer.failed"])}
+        revisions = client.revisions(POLICY)
+        exports_per_update: dict = {}
+        for e in client.events(POLICY, ["export.completed"]):
+            exports_per_update.setdefault(e.causation_id, set()).add(e.payload.revision)
+        wait_projected(s, client.catalog)
+        workers.stop_all()
+        problems = replay_differences(session, s, read_log(s))
+        cluster.shutdown()
+        out.update({
+            "events_sent": len(traffic.sent) + updates + 2 * len(faults),
+            "requests_sent": len(traffic.sent), "send_retries": traffic.send_retries,
+            "requests_unanswered": len(unanswered), "requests_failed": len(failed),
+            "updates": updates,
+            "lost": len(unanswered) + max(0, updates - len(exports_per_update)),
+            "duplicate_revisions": max(0, len(revisions) - updates)
+            + sum(len(v) - 1 for v in exports_per_update.values()),
+            "transient_dead_letters": dead_letters(s),
+            "catalog_equals_replay": not problems, "replay_problems": problems[:5],
+            "recovery_seconds": recovery,
+            "answer_latency_s_max": round(max((got[r] - traffic.sent[r] for r in got
+                                               if r in traffic.sent), default=0.0), 1),
+            "targets": {"lost": 0, "duplicate_revisions": 0, "transient_dead_letters": 0,
+                        "catalog_equals_replay": True, "requests_unanswered": 0},
+        })  # fmt: skip
+    finally:
+        if traffic is not None:
+            traffic.halt.set()
+        if client is not None:
+            client.close()
+        if workers is not None:
+            workers.stop_all()
+        launcher.down(s)
+        out["seconds"] = round(time.monotonic() - t0, 1)
+        if "lost" in out:
+            shutil.rmtree(state, ignore_errors=True)
+        else:
+            print(f"failed: logs kept in {state / 'logs'}", file=sys.stderr)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("--smoke", action="store_true", help=f"faults {', '.join(SMOKE)} only")
+    ap.add_argument("--faults", help=f"comma-separated, in order, from {', '.join(FULL)}")
+    ap.add_argument("--down-s", type=float, default=3.0, help="seconds a killed part stays down")
+    ap.add_argument("--steps", type=int, default=30, help="optimizer steps of each round's update")
+    args = ap.parse_args(argv)
+    faults = tuple(args.faults.split(",")) if args.faults else (SMOKE if args.smoke else FULL)
+    unknown = [f for f in faults if f not in FULL]
+    if unknown:
+        ap.error(f"unknown fault {unknown[0]!r}: choose from {', '.join(FULL)}")
+    out = run(faults, args.down_s, args.steps, args.smoke)
+    print(json.dumps(out), flush=True)
+    ok = out.get("lost") == 0 and out.get("duplicate_revisions") == 0 and \
+        out.get("transient_dead_letters") == 0 and out.get("catalog_equals_replay") and \
+        out.get("requests_unanswered") == 0  # fmt: skip
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
