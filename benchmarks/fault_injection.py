@@ -207,7 +207,7 @@ def run(faults: tuple[str, ...], down_s: float, steps: int, smoke: bool) -> dict
             "duplicate_revisions": max(0, len(revisions) - updates)
             + sum(len(v) - 1 for v in exports_per_update.values()),
             "transient_dead_letters": dead_letters(s),
-            "catalog_equals_replay": not problems, "replay_problems": problems[:5],
+            "catalog_equals_replay": not problems, "replay_problems": [p[:2000] for p in problems[:5]],
             "recovery_seconds": recovery,
             "answer_latency_s_max": round(max((got[r] - traffic.sent[r] for r in got
                                                if r in traffic.sent), default=0.0), 1),

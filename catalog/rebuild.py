@@ -78,6 +78,8 @@ def replay_differences(
         rows = dump(session, ks, ("applied_events",))["applied_events"]
         return {tuple(v for k, v in r if k not in ("type", "outcome")) for r in rows}
 
-    if applied(settings.keyspace) != applied(target):
-        problems.append("applied_events differ between the catalog and its replay")
+    live, replayed = applied(settings.keyspace), applied(target)
+    if live != replayed:
+        problems.append(f"applied_events differ: only in the catalog {sorted(live - replayed)[:3]}, "
+                        f"only in the replay {sorted(replayed - live)[:3]}")  # fmt: skip
     return problems

@@ -333,7 +333,10 @@ class CatalogRepository:
                     f"digest {digest} is revision {existing} of {tenant}/{policy}, but the export "
                     f"says revision {revision}: the same content cannot be two revisions"
                 )
-            self._record_applied(source_event_id, "revision.registered", rev, "duplicate", at)
+            # A retry after a crash mid-registration: the revision's own time, which its
+            # export.completed event carries, so a replay of the log writes the same row.
+            self._record_applied(source_event_id, "revision.registered", rev, "duplicate",
+                                 rev.created_at)  # fmt: skip
             return rev
 
         number = self._allocate(

@@ -353,3 +353,36 @@ def test_a_crash_between_the_alias_move_and_its_history_row_loses_no_audit(repo,
     back = fresh.rollback(tenant, "math-rl", "prod", by="oncall")
     assert (back.from_revision, back.to_revision) == (3, 1)
     assert len(fresh.alias_history(tenant, "math-rl", "prod")) == 3
+
+
+def test_a_registration_retried_after_a_crash_records_the_revisions_own_time(
+    catalog_keyspace, repo, tenant
+):
+    # Found by benchmarks/fault_injection.py: Cassandra died after the claim and the revision
+    # row, before the applied_events row. The retry must record the time the revision (and so
+    # its export.completed event) carries, or a replay of the log differs from the catalog.
+    import time
+
+    from catalog.exceptions import CatalogUnavailable
+
+    session, ks = catalog_keyspace
+    repo.create_policy(tenant, "math-rl", "tiny-llama", by="test")
+    source, real_run = uuid.uuid4(), repo._run
+
+    def crash_on_applied(stmt, params, **kw):
+        if stmt is repo._ins_applied:
+            raise CatalogUnavailable("killed before the applied_events row")
+        return real_run(stmt, params, **kw)
+
+    repo._run = crash_on_applied
+    kwargs = dict(digest=digest_of(tenant, 9), store_uri=uri_of(tenant, "math-rl", 9),
+                  source_event_id=source)  # fmt: skip
+    with pytest.raises(CatalogUnavailable):
+        repo.register_revision(tenant, "math-rl", at=datetime.now(UTC), **kwargs)
+    repo._run = real_run
+    time.sleep(0.05)
+    rev = repo.register_revision(tenant, "math-rl", at=datetime.now(UTC), **kwargs)
+    row = session.execute(f"SELECT applied_at, revision FROM {ks}.applied_events "
+                          "WHERE event_id = %s", (source,)).one()  # fmt: skip
+    assert row.revision == rev.revision == 1
+    assert row.applied_at == rev.created_at.replace(tzinfo=None)  # the driver reads naive UTC
