@@ -42,8 +42,9 @@ POLICY = "chaos"
 
 
 class Traffic(threading.Thread):
-    """Steady inference requests; each is resent until the broker confirms it (as an upstream
-    producer would during a broker outage), with the same event, so its answer dedupes."""
+    """Steady inference requests, every ``every_s`` whether or not the broker is up (as an
+    upstream system keeps producing); a send the producer gave up on is sent again, the same
+    event, so its answer dedupes. A request counts as sent once the broker confirmed it."""
 
     def __init__(self, client, every_s: float = 0.25) -> None:
         super().__init__(name="traffic", daemon=True)
@@ -51,6 +52,9 @@ class Traffic(threading.Thread):
         self.sent: dict[str, float] = {}  # request_id -> when the broker confirmed it
         self.send_retries = 0
         self.halt = threading.Event()
+        self._lock = threading.Lock()
+        self._inflight: list[tuple[str, object, object]] = []  # (request_id, env, future)
+        self.n = 0
 
     def send(self, request_id: str, prompt: str) -> None:
         from schemas import make_event
@@ -59,23 +63,52 @@ class Traffic(threading.Thread):
         env = make_event(InferRequested(request_id=request_id, prompt=prompt, max_tokens=4),
                          tenant=self.client.tenant, policy=POLICY,
                          producer=self.client.name)  # fmt: skip
-        while True:
-            try:
-                self.client.producer.publish(env, timeout_s=5.0)
-                self.sent[request_id] = time.monotonic()
-                return
-            except Exception:  # the broker is away: try again, the same event
+        self._send(request_id, env)
+
+    def _send(self, request_id: str, env) -> None:
+        from schemas.registry import encode_event
+        from streams.topics import topic_for_type
+
+        topic = topic_for_type(self.client.settings, env.type)
+        future = self.client.producer.send_async(topic, encode_event(env), env.key)
+        with self._lock:
+            self._inflight.append((request_id, env, future))
+
+    def settle(self) -> None:
+        """Note what the broker confirmed; send again what the producer gave up on."""
+        with self._lock:
+            inflight, self._inflight = self._inflight, []
+        for request_id, env, future in inflight:
+            if not future.is_done:
+                with self._lock:
+                    self._inflight.append((request_id, env, future))
+            elif future.succeeded():
+                self.sent.setdefault(request_id, time.monotonic())
+            else:
                 self.send_retries += 1
-                if self.halt.wait(0.5):
-                    return
+                self._send(request_id, env)
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._inflight)
 
     def run(self) -> None:
         from mint.demo import PROMPTS
 
-        n = 0
         while not self.halt.wait(self.every_s):
-            self.send(f"steady-{n}", PROMPTS[n % len(PROMPTS)])
-            n += 1
+            self.send(f"steady-{self.n}", PROMPTS[self.n % len(PROMPTS)])
+            self.n += 1
+            self.settle()
+
+    def finish(self, timeout_s: float = 180.0) -> None:
+        """Stop producing; wait until every request was confirmed."""
+        self.halt.set()
+        self.join(timeout=30)
+        deadline = time.monotonic() + timeout_s
+        while self.pending and time.monotonic() < deadline:
+            self.settle()
+            time.sleep(0.2)
 
 
 def answered(client) -> dict[str, float]:
@@ -114,7 +147,7 @@ def inject(fault: str, settings, workers, down_s: float) -> None:
         workers.start_worker(fault)
 
 
-def run(faults: tuple[str, ...], down_s: float, steps: int, smoke: bool) -> dict:
+def run(faults: tuple[str, ...], down_s: float, steps: int, smoke: bool, keep: bool) -> dict:
     from catalog.claims import write_jsonl
     from catalog.cluster import connect
     from catalog.migrate import migrate
@@ -160,6 +193,7 @@ def run(faults: tuple[str, ...], down_s: float, steps: int, smoke: bool) -> dict
         traffic = Traffic(client)
         traffic.start()
         recovery: dict[str, float] = {}
+        breakdown: dict[str, dict[str, float]] = {}
         for i, fault in enumerate(faults):
             cmd = client.send(POLICY, UpdateRequested(
                 base_model=str(model), parent_revision=latest, objective="rl", data_uri=data,
@@ -172,18 +206,20 @@ def run(faults: tuple[str, ...], down_s: float, steps: int, smoke: bool) -> dict
             probe = f"probe-{fault}-{i}"
             traffic.send(probe, PROMPTS[0])
             export = client.wait_caused_by(cmd, "export.completed", timeout_s=600)
+            exported_s = time.monotonic() - t_kill
             client.wait_for(lambda e, p=probe: e.type in ("infer.completed", "infer.failed")
                             and e.payload.request_id == p, timeout_s=600,
                             what=f"the answer to {probe}")  # fmt: skip
             recovery[fault] = round(time.monotonic() - t_kill, 1)
+            breakdown[fault] = {"update_exported_s": round(exported_s, 1),
+                                "probe_answered_s": round(time.monotonic() - t_kill, 1)}  # fmt: skip
             updates += 1
             latest = export.payload.revision
             client.promote(POLICY, latest, reason=f"after the {fault} fault")
             if i % 2 == 1:
                 client.rollback(POLICY, reason=f"rollback after the {fault} fault")
             workers.check()
-        traffic.halt.set()
-        traffic.join(timeout=30)
+        traffic.finish()
         deadline = time.monotonic() + 300
         while set(traffic.sent) - set(answered(client)) and time.monotonic() < deadline:
             time.sleep(1.0)
@@ -201,6 +237,7 @@ def run(faults: tuple[str, ...], down_s: float, steps: int, smoke: bool) -> dict
         out.update({
             "events_sent": len(traffic.sent) + updates + 2 * len(faults),
             "requests_sent": len(traffic.sent), "send_retries": traffic.send_retries,
+            "requests_never_confirmed": traffic.pending,
             "requests_unanswered": len(unanswered), "requests_failed": len(failed),
             "updates": updates,
             "lost": len(unanswered) + max(0, updates - len(exports_per_update)),
@@ -208,7 +245,7 @@ def run(faults: tuple[str, ...], down_s: float, steps: int, smoke: bool) -> dict
             + sum(len(v) - 1 for v in exports_per_update.values()),
             "transient_dead_letters": dead_letters(s),
             "catalog_equals_replay": not problems, "replay_problems": [p[:2000] for p in problems[:5]],
-            "recovery_seconds": recovery,
+            "recovery_seconds": recovery, "recovery_breakdown": breakdown,
             "answer_latency_s_max": round(max((got[r] - traffic.sent[r] for r in got
                                                if r in traffic.sent), default=0.0), 1),
             "targets": {"lost": 0, "duplicate_revisions": 0, "transient_dead_letters": 0,
@@ -223,10 +260,10 @@ def run(faults: tuple[str, ...], down_s: float, steps: int, smoke: bool) -> dict
             workers.stop_all()
         launcher.down(s)
         out["seconds"] = round(time.monotonic() - t0, 1)
-        if "lost" in out:
+        if "lost" in out and not keep:
             shutil.rmtree(state, ignore_errors=True)
         else:
-            print(f"failed: logs kept in {state / 'logs'}", file=sys.stderr)
+            print(f"logs kept in {state / 'logs'}", file=sys.stderr)
     return out
 
 
@@ -237,12 +274,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--faults", help=f"comma-separated, in order, from {', '.join(FULL)}")
     ap.add_argument("--down-s", type=float, default=3.0, help="seconds a killed part stays down")
     ap.add_argument("--steps", type=int, default=30, help="optimizer steps of each round's update")
+    ap.add_argument("--keep", action="store_true", help="keep the state folder and worker logs")
     args = ap.parse_args(argv)
     faults = tuple(args.faults.split(",")) if args.faults else (SMOKE if args.smoke else FULL)
     unknown = [f for f in faults if f not in FULL]
     if unknown:
         ap.error(f"unknown fault {unknown[0]!r}: choose from {', '.join(FULL)}")
-    out = run(faults, args.down_s, args.steps, args.smoke)
+    out = run(faults, args.down_s, args.steps, args.smoke, args.keep)
     print(json.dumps(out), flush=True)
     ok = out.get("lost") == 0 and out.get("duplicate_revisions") == 0 and \
         out.get("transient_dead_letters") == 0 and out.get("catalog_equals_replay") and \

@@ -14,6 +14,12 @@ class KafkaUnavailable(ConnectionError):
     """No broker answered at the configured bootstrap servers."""
 
 
+# kafka-python backs off reconnects exponentially up to 30 s: after a broker restart its clients
+# would idle for up to that long. 2 s: the fault-injection run recovers from a Kafka kill -9
+# in less time (benchmarks/fault_injection.py).
+_RECONNECT = {"reconnect_backoff_ms": 100, "reconnect_backoff_max_ms": 2000}
+
+
 def _servers(settings: MintSettings) -> list[str]:
     return [s.strip() for s in settings.kafka_bootstrap.split(",")]
 
@@ -33,6 +39,7 @@ def make_producer(settings: MintSettings, **overrides: Any) -> KafkaProducer:
         "enable_idempotence": True,
         "linger_ms": 5,
         "client_id": "mint-producer",
+        **_RECONNECT,
     }
     options.update(overrides)
     try:
@@ -48,6 +55,7 @@ def make_consumer(settings: MintSettings, *topics: str, **overrides: Any) -> Kaf
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",
         "client_id": "mint-consumer",
+        **_RECONNECT,
     }
     options.update(overrides)
     try:
@@ -66,7 +74,12 @@ def make_consumer(settings: MintSettings, *topics: str, **overrides: Any) -> Kaf
 def make_admin(settings: MintSettings, **overrides: Any) -> KafkaAdminClient:
     try:
         return KafkaAdminClient(
-            bootstrap_servers=_servers(settings), client_id="mint-admin", **overrides
+            **{
+                "bootstrap_servers": _servers(settings),
+                "client_id": "mint-admin",
+                **_RECONNECT,
+                **overrides,
+            }
         )
     except KafkaTimeoutError as e:  # kafka-python 3 raises this when bootstrap fails
         raise _unavailable(settings, e) from e
