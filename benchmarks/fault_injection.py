@@ -147,7 +147,8 @@ def inject(fault: str, settings, workers, down_s: float) -> None:
         workers.start_worker(fault)
 
 
-def run(faults: tuple[str, ...], down_s: float, steps: int, smoke: bool, keep: bool) -> dict:
+def run(faults: tuple[str, ...], down_s: float, steps: int, smoke: bool, keep: bool,
+        secure: bool = False) -> dict:  # fmt: skip
     from catalog.claims import write_jsonl
     from catalog.cluster import connect
     from catalog.migrate import migrate
@@ -168,14 +169,21 @@ def run(faults: tuple[str, ...], down_s: float, steps: int, smoke: bool, keep: b
         "cassandra_port": 29042, "cassandra_storage_port": 27000,
         "store_uri": str(state / "store"), "models_dir": state / "models",
     })  # fmt: skip
+    admin = s
+    if secure:  # credentials and ACLs on; the SDK runs as `operator`, each worker as itself
+        from mint.dev.secure import secure_settings, setup
+
+        admin, s = secure_settings(s, "admin"), secure_settings(s, "operator")
     t0 = time.monotonic()
     out: dict = {"benchmark": "fault_injection", "smoke": smoke, "faults": list(faults),
-                 "down_s": down_s}  # fmt: skip
+                 "down_s": down_s, "secure": secure}  # fmt: skip
     workers = client = traffic = None
     try:
-        out["services_ready_s"] = {k: round(v, 1) for k, v in launcher.up(s).items()}
-        ensure_topics(s)
-        cluster, session = connect(s)
+        out["services_ready_s"] = {k: round(v, 1) for k, v in launcher.up(admin).items()}
+        if secure:
+            setup(admin)
+        ensure_topics(admin)
+        cluster, session = connect(admin)
         migrate(session, s.keyspace, s.keyspace_replication)
         model = tiny_model(s)
         workers = Workers(s, model, state / "logs")
@@ -202,7 +210,7 @@ def run(faults: tuple[str, ...], down_s: float, steps: int, smoke: bool, keep: b
             time.sleep(1.0)  # the update is running (or queued behind the trainer's poll)
             t_kill = time.monotonic()
             print(f"fault {i + 1}/{len(faults)}: kill -9 {fault}", file=sys.stderr, flush=True)
-            inject(fault, s, workers, down_s)
+            inject(fault, admin, workers, down_s)
             probe = f"probe-{fault}-{i}"
             traffic.send(probe, PROMPTS[0])
             export = client.wait_caused_by(cmd, "export.completed", timeout_s=600)
@@ -258,7 +266,7 @@ def run(faults: tuple[str, ...], down_s: float, steps: int, smoke: bool, keep: b
             client.close()
         if workers is not None:
             workers.stop_all()
-        launcher.down(s)
+        launcher.down(admin)
         out["seconds"] = round(time.monotonic() - t0, 1)
         if "lost" in out and not keep:
             shutil.rmtree(state, ignore_errors=True)
@@ -275,12 +283,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--down-s", type=float, default=3.0, help="seconds a killed part stays down")
     ap.add_argument("--steps", type=int, default=30, help="optimizer steps of each round's update")
     ap.add_argument("--keep", action="store_true", help="keep the state folder and worker logs")
+    ap.add_argument(
+        "--secure",
+        action="store_true",
+        help="credentials and ACLs on (mint dev up --secure): each worker its principal",
+    )
     args = ap.parse_args(argv)
     faults = tuple(args.faults.split(",")) if args.faults else (SMOKE if args.smoke else FULL)
     unknown = [f for f in faults if f not in FULL]
     if unknown:
         ap.error(f"unknown fault {unknown[0]!r}: choose from {', '.join(FULL)}")
-    out = run(faults, args.down_s, args.steps, args.smoke, args.keep)
+    out = run(faults, args.down_s, args.steps, args.smoke, args.keep, args.secure)
     print(json.dumps(out), flush=True)
     ok = out.get("lost") == 0 and out.get("duplicate_revisions") == 0 and \
         out.get("transient_dead_letters") == 0 and out.get("catalog_equals_replay") and \

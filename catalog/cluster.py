@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from cassandra import DriverException
+from cassandra import AuthenticationFailed, DriverException
+from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import (
     EXEC_PROFILE_DEFAULT,
     Cluster,
@@ -36,11 +37,20 @@ def connect(settings: MintSettings, keyspace: str | None = None) -> tuple[Cluste
         },
         protocol_version=5,
         connect_timeout=10,
-    )
+        auth_provider=PlainTextAuthProvider(settings.cassandra_username,
+                                            settings.cassandra_secret())
+        if settings.cassandra_username else None,
+    )  # fmt: skip
     try:
         session = cluster.connect(keyspace)
     except NoHostAvailable as e:
         cluster.shutdown()
+        if any(isinstance(err, AuthenticationFailed) for err in e.errors.values()):
+            raise CassandraUnavailable(
+                f"Cassandra at {settings.cassandra_hosts}:{settings.cassandra_port} refused the "
+                f"credentials of role {settings.cassandra_username or '(none)'!r}: set "
+                f"MINT_CASSANDRA_USERNAME and MINT_CASSANDRA_PASSWORD(_FILE) ({e})"
+            ) from e
         raise CassandraUnavailable(
             f"no Cassandra node at {settings.cassandra_hosts}:{settings.cassandra_port}: start one "
             f"with `mint dev up` or point MINT_CASSANDRA_HOSTS at your cluster ({e})"

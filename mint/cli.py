@@ -42,44 +42,83 @@ def dev() -> None:
     """
 
 
+SECURE_HELP = (
+    "Credentials and ACLs on: SASL/SCRAM + ACLs on Kafka, password logins and a role "
+    "per service on Cassandra, in their own state folder (.mint/secure)."
+)
+
+
+def _dev_settings(secure: bool):
+    settings = get_settings()
+    if secure or settings.kafka_secure:
+        from mint.dev.secure import secure_settings
+
+        return secure_settings(settings, "admin")
+    return settings
+
+
 @dev.command("up")
 @click.option("--only", type=click.Choice(["kafka", "cassandra"]), multiple=True,
               help="Start just this service (repeatable). Default: both.")  # fmt: skip
-def dev_up(only: tuple[str, ...]) -> None:
-    """Start Kafka and Cassandra (idempotent) and wait until both answer."""
-    from mint.dev import LauncherError, up
+@click.option("--secure", is_flag=True, help=SECURE_HELP)
+def dev_up(only: tuple[str, ...], secure: bool) -> None:
+    """Start Kafka and Cassandra (idempotent) and wait until both answer.
 
+    \b
+    With --secure, each principal's settings land in .mint/secure/env/<principal>.env:
+      set -a; . .mint/secure/env/operator.env; set +a   # the CLI and SDK as `operator`
+    """
+    from mint.dev import LauncherError, status, up
+
+    settings = _dev_settings(secure)
+    other = get_settings().model_copy(update={"state_dir": settings.state_dir.parent}) \
+        if settings.kafka_secure else _dev_settings(True)  # fmt: skip
+    running = [s.name for s in status(other) if s.pid]
+    if running:  # both pairs use the same ports: the other one would answer in this one's place
+        flag = "" if settings.kafka_secure else " --secure"
+        console.print(f"[red]error:[/red] the {'plain' if settings.kafka_secure else 'secure'} "
+                      f"pair runs on these ports ({', '.join(running)}): stop it first with "
+                      f"`mint dev down{flag}`")  # fmt: skip
+        sys.exit(1)
     try:
-        ready = up(get_settings(), only or ("kafka", "cassandra"))
-    except LauncherError as e:
+        ready = up(settings, only or ("kafka", "cassandra"))
+        if secure and not only:
+            from mint.dev.secure import setup
+
+            applied = setup(settings)
+            console.print(f"credentials: {applied['acls']} Kafka ACLs, {applied['roles']} "
+                          f"Cassandra roles; env files in {settings.state_dir / 'env'}")  # fmt: skip
+    except (LauncherError, RuntimeError, OSError) as e:
         console.print(f"[red]error:[/red] {e}")
         sys.exit(1)
     for name, seconds in ready.items():
         console.print(f"{name} ready after {seconds:.1f} s")
-    _print_status()
+    _print_status(settings)
 
 
 @dev.command("down")
-def dev_down() -> None:
+@click.option("--secure", is_flag=True, help="Stop the secure pair (see `up --secure`).")
+def dev_down(secure: bool) -> None:
     """Stop the services that `mint dev up` started (by pid file, never by name)."""
     from mint.dev import down
 
-    stopped = down(get_settings())
+    stopped = down(_dev_settings(secure))
     console.print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
 
 
 @dev.command("status")
-def dev_status() -> None:
+@click.option("--secure", is_flag=True, help="Check the secure pair (see `up --secure`).")
+def dev_status(secure: bool) -> None:
     """Show whether Kafka and Cassandra answer; exit 1 if either does not."""
-    if not _print_status():
+    if not _print_status(_dev_settings(secure)):
         sys.exit(1)
 
 
-def _print_status() -> bool:
+def _print_status(settings=None) -> bool:
     from mint.dev import status
 
     table = Table("service", "state", "mode", "address", "pid", "rss MB")
-    rows = status(get_settings())
+    rows = status(settings or get_settings())
     for s in rows:
         table.add_row(s.name, "[green]up[/green]" if s.answering else "[red]down[/red]", s.mode,
                       s.address, str(s.pid or "-"), f"{s.rss_mb:.0f}" if s.rss_mb else "-")  # fmt: skip
@@ -89,9 +128,9 @@ def _print_status() -> bool:
 
 def _register_commands() -> None:
     # Each area owns one module under mint/commands/ and lists its commands there.
-    from mint.commands import catalog, lifecycle, models, streams, workers
+    from mint.commands import catalog, lifecycle, models, security, streams, workers
 
-    for module in (streams, catalog, models, workers, lifecycle):
+    for module in (streams, catalog, models, workers, lifecycle, security):
         for command in module.COMMANDS:
             main.add_command(command)
 

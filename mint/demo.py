@@ -161,6 +161,11 @@ class Workers:
         return env
 
     def start(self, name: str, *args: str, **env: str) -> subprocess.Popen:
+        if self.settings.kafka_secure:  # each worker kind runs as its own principal and role
+            from mint.dev.secure import env_for
+            from mint.security import PRINCIPAL_OF
+
+            env = {**env_for(self.settings, PRINCIPAL_OF.get(args[0], args[0])), **env}
         log = (self.log_dir / f"{name}.log").open("ab")
         proc = subprocess.Popen([sys.executable, "-m", "mint.cli", "--log-format", "json",
                                  "worker", *args], env=self.env(**env), stdout=log,

@@ -10,11 +10,21 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _secret(value: SecretStr, path: Path | None, name: str) -> str:
+    if path is None:
+        return value.get_secret_value()
+    try:
+        return path.read_text().strip()
+    except OSError as e:
+        raise ValueError(f"{name}_FILE {path} cannot be read ({e}); mount the secret there or "
+                         f"set {name}") from e  # fmt: skip
 
 
 class MintSettings(BaseSettings):
@@ -29,11 +39,23 @@ class MintSettings(BaseSettings):
     topic_replication: int = Field(1, ge=1, le=7)
 
     kafka_external: bool | None = Field(None, description="None: external unless on loopback")
+    # Credentials come from here or from files (MINT_KAFKA_PASSWORD_FILE, mounted secrets),
+    # never from code. PLAINTEXT: no authentication (the default local services).
+    kafka_security_protocol: str = Field(
+        "PLAINTEXT", pattern=r"^(PLAINTEXT|SASL_PLAINTEXT|SASL_SSL)$"
+    )
+    kafka_sasl_mechanism: str = Field("SCRAM-SHA-256", pattern=r"^SCRAM-SHA-(256|512)$")
+    kafka_username: str = Field("", description="SASL/SCRAM principal of this process")
+    kafka_password: SecretStr = Field(SecretStr(""), description="its password (or _file)")
+    kafka_password_file: Path | None = Field(None, description="file holding the password")
 
     # Cassandra. Non-loopback MINT_CASSANDRA_HOSTS (or MINT_CASSANDRA_EXTERNAL=true) is external.
     cassandra_hosts: str = Field("127.0.0.1", description="comma-separated contact points")
     cassandra_port: int = Field(19042, ge=1, le=65535)
     cassandra_storage_port: int = Field(17000, ge=1, le=65535)
+    cassandra_username: str = Field("", description="role of this process (empty: no auth)")
+    cassandra_password: SecretStr = Field(SecretStr(""), description="its password (or _file)")
+    cassandra_password_file: Path | None = Field(None, description="file holding the password")
     cassandra_external: bool | None = Field(None, description="None: external unless on loopback")
     keyspace: str = Field("mint", pattern=r"^[a-z][a-z0-9_]{0,47}$")
     keyspace_replication: str = Field(
@@ -88,6 +110,17 @@ class MintSettings(BaseSettings):
         if self.cassandra_external is not None:
             return self.cassandra_external
         return not all(h in LOOPBACK for h in self.cassandra_contact_points)
+
+    @property
+    def kafka_secure(self) -> bool:
+        return self.kafka_security_protocol != "PLAINTEXT"
+
+    def kafka_secret(self) -> str:
+        return _secret(self.kafka_password, self.kafka_password_file, "MINT_KAFKA_PASSWORD")
+
+    def cassandra_secret(self) -> str:
+        return _secret(self.cassandra_password, self.cassandra_password_file,
+                       "MINT_CASSANDRA_PASSWORD")  # fmt: skip
 
     @property
     def adapter_store_root(self) -> Path:

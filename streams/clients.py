@@ -20,6 +20,21 @@ class KafkaUnavailable(ConnectionError):
 _RECONNECT = {"reconnect_backoff_ms": 100, "reconnect_backoff_max_ms": 2000}
 
 
+def _security(settings: MintSettings) -> dict[str, Any]:
+    """SASL/SCRAM options when the settings name a principal (PLAINTEXT: none)."""
+    if not settings.kafka_secure:
+        return {}
+    if not settings.kafka_username:
+        raise KafkaUnavailable(
+            f"MINT_KAFKA_SECURITY_PROTOCOL={settings.kafka_security_protocol} needs a principal: "
+            "set MINT_KAFKA_USERNAME and MINT_KAFKA_PASSWORD(_FILE)"
+        )
+    return {"security_protocol": settings.kafka_security_protocol,
+            "sasl_mechanism": settings.kafka_sasl_mechanism,
+            "sasl_plain_username": settings.kafka_username,
+            "sasl_plain_password": settings.kafka_secret()}  # fmt: skip
+
+
 def _servers(settings: MintSettings) -> list[str]:
     return [s.strip() for s in settings.kafka_bootstrap.split(",")]
 
@@ -40,6 +55,7 @@ def make_producer(settings: MintSettings, **overrides: Any) -> KafkaProducer:
         "linger_ms": 5,
         "client_id": "mint-producer",
         **_RECONNECT,
+        **_security(settings),
     }
     options.update(overrides)
     try:
@@ -56,6 +72,7 @@ def make_consumer(settings: MintSettings, *topics: str, **overrides: Any) -> Kaf
         "auto_offset_reset": "earliest",
         "client_id": "mint-consumer",
         **_RECONNECT,
+        **_security(settings),
     }
     options.update(overrides)
     try:
@@ -78,6 +95,7 @@ def make_admin(settings: MintSettings, **overrides: Any) -> KafkaAdminClient:
                 "bootstrap_servers": _servers(settings),
                 "client_id": "mint-admin",
                 **_RECONNECT,
+                **_security(settings),
                 **overrides,
             }
         )

@@ -177,10 +177,18 @@ def _render(template: str, dest: Path, values: dict[str, str]) -> None:
 def _kafka_command(settings: MintSettings, svc: Service, java: str) -> list[str]:
     jars = resolve_jars("kafka", settings)
     props = svc.home / "server.properties"
-    _render("server.properties.in", props, {
-        "STATE": str(svc.home), "KAFKA_PORT": str(svc.port),
-        "CONTROLLER_PORT": str(settings.kafka_controller_port),
-    })  # fmt: skip
+    values = {"STATE": str(svc.home), "KAFKA_PORT": str(svc.port),
+              "CONTROLLER_PORT": str(settings.kafka_controller_port)}  # fmt: skip
+    scram: list[str] = []
+    if settings.kafka_secure:
+        from mint.dev.secure import ensure_secrets, scram_format_args
+
+        values["ADMIN_PASSWORD"] = ensure_secrets(settings.state_dir)["kafka-admin"]
+        scram = scram_format_args(settings.state_dir)
+    _render("server-secure.properties.in" if settings.kafka_secure else "server.properties.in",
+            props, values)  # fmt: skip
+    if settings.kafka_secure:
+        os.chmod(props, 0o600)  # it holds the broker's own password
     common = ["-cp", f"{jars}/*", f"-Dlog4j2.configurationFile={DEPLOY_LOCAL / 'log4j2.xml'}",
               f"-Dkafka.logs.dir={svc.log_file.parent}"]  # fmt: skip
     if not (svc.home / "kafka-data" / "meta.properties").exists():
@@ -189,7 +197,7 @@ def _kafka_command(settings: MintSettings, svc: Service, java: str) -> list[str]
             capture_output=True, text=True, check=True,
         ).stdout.strip().splitlines()[-1]  # fmt: skip
         fmt = subprocess.run(
-            [java, *common, "kafka.tools.StorageTool", "format", "--standalone", "-t", cluster_id, "-c", str(props)],
+            [java, *common, "kafka.tools.StorageTool", "format", "--standalone", "-t", cluster_id, "-c", str(props), *scram],
             capture_output=True, text=True,
         )  # fmt: skip
         if fmt.returncode != 0:
@@ -206,6 +214,11 @@ def _cassandra_command(settings: MintSettings, svc: Service, java: str) -> list[
         "STATE": str(svc.home.parent), "CQL_PORT": str(svc.port),
         "STORAGE_PORT": str(settings.cassandra_storage_port),
     })  # fmt: skip
+    if settings.cassandra_username:  # the secure pair (mint.dev.secure): logins and permissions
+        with yaml_path.open("a") as f:
+            f.write("\nauthenticator:\n  class_name: PasswordAuthenticator\n"
+                    "authorizer:\n  class_name: CassandraAuthorizer\n"
+                    "role_manager:\n  class_name: CassandraRoleManager\n")  # fmt: skip
     jvm_opts = (DEPLOY_LOCAL / "jvm17.options").read_text().split()
     jamm = sorted(jars.glob("jamm-*.jar"))
     heap = f"{settings.cassandra_heap_mb}m"

@@ -1,0 +1,122 @@
+"""Who may read and write what: one Kafka principal per worker kind, plus the users' own.
+
+Applied by ``mint dev up --secure`` to the local broker (SASL/SCRAM, StandardAuthorizer, deny
+when no ACL matches) and by operators to theirs (``python -m streams.acls`` lists the
+bindings). Topics and consumer groups carry the deployment's ``topic_prefix``, so one broker can
+host several deployments without one reading another's topics.
+
+- each worker reads the topics it consumes, writes the ones it produces (and the dead-letter
+  topic), joins only consumer groups named ``<prefix>-<its groups>``, and may create and describe
+  (never read or write) the deployment's other topics, so that ``ensure_topics`` works;
+- ``upstream`` (systems that submit work) writes only the request topics;
+- ``downstream`` (systems that take serving results) reads only ``infer.results``, in groups
+  ``<prefix>-downstream*``;
+- ``operator`` (the SDK and the ``mint`` CLI) reads everything and writes requests, commands and
+  policy configuration; ``admin`` is the broker's super user (topics, ACLs, users).
+
+Reads use consumers without a group (the SDK, replay) or groups under the prefixes below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schemas.settings import MintSettings
+
+REQUESTS = ("infer.requests", "rollout.requests", "update.requests", "eval.requests")
+
+
+@dataclass(frozen=True)
+class Grants:
+    reads: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()  # consumer group name prefixes after "<prefix>-"
+
+
+PRINCIPALS: dict[str, Grants] = {
+    # group names: workers.projector.PROJECTOR_GROUP and the like (tests/unit/test_acls.py)
+    "projector": Grants(reads=("export.events", "serving.events"),
+                        writes=("policy.state", "dlq"), groups=("catalog-projector",)),
+    "controller": Grants(
+        reads=("policy.config", "export.events", "eval.requests", "eval.results",
+               "serving.commands", "serving.events"),
+        writes=("eval.requests", "serving.events", "policy.state", "dlq"), groups=("controller",)),
+    "trainer": Grants(reads=("update.requests",),
+                      writes=("update.results", "export.events", "dlq"), groups=("trainer",)),
+    "engine": Grants(
+        reads=("infer.requests", "load.requests", "serving.events", "load.events",
+               "rollout.requests", "eval.requests"),
+        writes=("infer.results", "load.requests", "load.events", "rollout.results",
+                "eval.results", "dlq"),
+        groups=("serving", "engines", "engine-", "rollout", "evaluator")),
+    "upstream": Grants(writes=REQUESTS),
+    "downstream": Grants(reads=("infer.results",), groups=("downstream",)),
+}  # fmt: skip
+SERVICE_PRINCIPALS = ("projector", "controller", "trainer", "engine")
+ADMIN = "admin"
+OPERATOR = "operator"
+ALL_PRINCIPALS = (ADMIN, OPERATOR, *PRINCIPALS)
+
+
+def bindings(settings: MintSettings) -> list:
+    """kafka-python ACL bindings for every principal but the super user."""
+    from kafka.admin import (
+        ACL,
+        ACLOperation,
+        ACLPermissionType,
+        ACLResourcePatternType,
+        ResourcePattern,
+        ResourceType,
+    )
+
+    from streams.topics import TOPICS
+
+    allow, literal, prefixed = (ACLPermissionType.ALLOW, ACLResourcePatternType.LITERAL,
+                                ACLResourcePatternType.PREFIXED)  # fmt: skip
+    out = []
+
+    def grant(principal: str, op, rtype, name: str, pattern=literal) -> None:
+        out.append(ACL(f"User:{principal}", "*", op, allow, ResourcePattern(rtype, name, pattern)))
+
+    grants = dict(PRINCIPALS)
+    grants[OPERATOR] = Grants(reads=tuple(TOPICS), writes=(*REQUESTS, "serving.commands",
+                              "policy.config"), groups=("operator",))  # fmt: skip
+    for principal, g in grants.items():
+        for topic in g.reads:
+            grant(principal, ACLOperation.READ, ResourceType.TOPIC, settings.topic(topic))
+        for topic in g.writes:
+            grant(principal, ACLOperation.WRITE, ResourceType.TOPIC, settings.topic(topic))
+            grant(principal, ACLOperation.DESCRIBE, ResourceType.TOPIC, settings.topic(topic))
+        if principal != "upstream" and principal != "downstream":
+            # Workers and the SDK make sure the registry's topics exist (ensure_topics) and
+            # wait for their metadata: create and describe the deployment's topics, no more.
+            for op in (ACLOperation.CREATE, ACLOperation.DESCRIBE):
+                grant(principal, op, ResourceType.TOPIC, f"{settings.topic_prefix}.", prefixed)
+        for group in g.groups:
+            grant(principal, ACLOperation.READ, ResourceType.GROUP,
+                  f"{settings.topic_prefix}-{group}", prefixed)  # fmt: skip
+    # operator replays (streams.replay.fresh_group) run under groups of their own
+    grant(OPERATOR, ACLOperation.READ, ResourceType.GROUP, "replay.", prefixed)
+    return out
+
+
+def apply(settings: MintSettings) -> int:
+    """Create every binding on the broker (as the settings' principal: the super user)."""
+    from streams.clients import make_admin
+
+    admin = make_admin(settings)
+    try:
+        acls = bindings(settings)
+        result = admin.create_acls(acls)
+        if result.get("failed"):
+            raise RuntimeError(f"broker refused ACLs: {result['failed'][:3]}")
+        return len(acls)
+    finally:
+        admin.close()
+
+
+if __name__ == "__main__":
+    from schemas.settings import get_settings
+
+    for acl in bindings(get_settings()):
+        print(acl)
