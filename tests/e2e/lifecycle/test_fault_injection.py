@@ -1,6 +1,10 @@
 """benchmarks/fault_injection.py --smoke: one fault of each kind (the broker, the database, a
 worker) killed -9 under steady traffic, on its own Kafka and Cassandra. Nothing may be lost,
-duplicated or dead-lettered, and the catalog must equal a replay of the log."""
+duplicated or dead-lettered, and the catalog must equal a replay of the log.
+
+It runs with credentials on (``--secure``): every worker as its own Kafka principal and
+Cassandra role, the SDK as ``operator``, so the whole lifecycle is shown to need no more rights
+than streams/acls.py and catalog/roles.py grant. The rest of the suite runs the plain pair."""
 
 from __future__ import annotations
 
@@ -14,12 +18,12 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def test_fault_injection_smoke_holds_its_zeros() -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fault_injection.py"),
-                           "--smoke"], capture_output=True, text=True, timeout=1200,
+                           "--smoke", "--secure"], capture_output=True, text=True, timeout=1200,
                           cwd=ROOT)  # fmt: skip
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     assert len(lines) == 1, (proc.stdout[-2000:], proc.stderr[-4000:])
     r = json.loads(lines[0])
-    assert r["faults"] == ["kafka", "cassandra", "trainer"]
+    assert r["faults"] == ["kafka", "cassandra", "trainer"] and r["secure"] is True
     assert set(r["recovery_seconds"]) == set(r["faults"])  # every round recovered
     assert r["requests_sent"] > 20 and r["updates"] == 4  # traffic flowed through the faults
     assert r["lost"] == 0 and r["requests_unanswered"] == 0, r
