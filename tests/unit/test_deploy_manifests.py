@@ -1,22 +1,57 @@
-"""docker-compose and Kubernetes manifests cannot run here; check they agree with the Python config."""
+"""docker-compose and Kubernetes manifests cannot run here; check they agree with the Python config.
+
+Credentials are on by default: every MinT container talks SASL/SCRAM to Kafka, each runs as the
+principal (and Cassandra role) of its worker kind and holds that principal's password files only;
+the broker and Cassandra start with authentication and authorization on. The shell pieces (the
+secret layout of mint-secrets, the Kafka start script, the Cassandra entrypoint) run here with
+stand-ins for the images' programs.
+"""
 
 from __future__ import annotations
 
+import os
+import re
 import shlex
-from pathlib import Path
+import stat
+import subprocess
+import sys
+from pathlib import Path, PurePosixPath
 
 import click
 import pytest
 import yaml
 
+from catalog.roles import ADMIN_ROLE, ROLES
 from mint.cli import main as mint_cli
+from mint.security import PRINCIPAL_OF, ensure_secrets
 from schemas.settings import MintSettings
+from streams.acls import ADMIN, ALL_PRINCIPALS
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+KAFKA_SCRIPT = DEPLOY / "kafka" / "start-secure.sh"
+CREDENTIAL_KEYS = {
+    "MINT_KAFKA_USERNAME",
+    "MINT_KAFKA_PASSWORD_FILE",
+    "MINT_CASSANDRA_USERNAME",
+    "MINT_CASSANDRA_PASSWORD_FILE",
+}
+SECRET_NAME = "mint-credentials"  # the k8s Secret `kubectl create secret generic` makes
+# broker settings that must equal `mint dev up --secure`'s (deploy/local/)
+BROKER_SECURITY_KEYS = (
+    "controller.listener.names",
+    "inter.broker.listener.name",
+    "listener.security.protocol.map",
+    "sasl.enabled.mechanisms",
+    "sasl.mechanism.inter.broker.protocol",
+    "authorizer.class.name",
+    "allow.everyone.if.no.acl.found",
+    "super.users",
+)
 
 
 def _settings_from(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> MintSettings:
-    for key in list(__import__("os").environ):
+    for key in list(os.environ):
         if key.startswith("MINT_"):
             monkeypatch.delenv(key)
     for key, value in env.items():
@@ -28,11 +63,25 @@ def _known_env_keys() -> set[str]:
     return {f"MINT_{name.upper()}" for name in MintSettings.model_fields}
 
 
+def _shell_script(argv: list[str]) -> str | None:
+    """The script of ``sh -c SCRIPT`` / ``sh -ec SCRIPT`` (compose's ``$$`` unescaped), else None."""
+    if len(argv) >= 3 and argv[0] in ("sh", "bash") and re.fullmatch(r"-[a-z]*c", argv[1]):
+        return argv[2].replace("$$", "$")
+    return None
+
+
 def _mint_commands(argv: list[str]) -> list[list[str]]:
-    """The mint command lines in a container command (``sh -c "mint a && mint b"`` included)."""
-    if argv[:2] == ["sh", "-c"]:
-        return [shlex.split(part) for part in argv[2].split("&&")]
-    return [argv]
+    """The mint command lines in a container command (those inside a shell script included)."""
+    script = _shell_script(argv)
+    if script is None:
+        return [argv]
+    out = []
+    for line in script.splitlines():
+        for part in re.split(r"&&|\|\||;", line):
+            words = shlex.split(part, comments=True)
+            if words and words[0] == "mint":
+                out.append(words)
+    return out
 
 
 def _assert_mint_command(argv: list[str]) -> None:
@@ -45,6 +94,44 @@ def _assert_mint_command(argv: list[str]) -> None:
             f"`{' '.join(argv)}`: no command {word!r}"
         )
         group = group.commands[word]
+
+
+def _expected_principal(commands: list[list[str]]) -> str | None:
+    """Who a container must run as: a worker its kind's principal, the set-up the super user,
+    the rest (port checks, generating the secret files) nobody."""
+    for argv in commands:
+        if argv[:2] == ["mint", "worker"]:
+            return PRINCIPAL_OF.get(argv[2], argv[2])
+    for argv in commands:
+        if argv[1:3] == ["security", "apply"] or argv[1:2] in (["topics"], ["catalog"]):
+            return ADMIN
+    return None
+
+
+def _has_role(principal: str) -> bool:
+    return principal == ADMIN_ROLE or principal in ROLES
+
+
+def _own_files(principal: str) -> set[str]:
+    return {f"kafka-{principal}"} | ({f"cassandra-{principal}"} if _has_role(principal) else set())
+
+
+def _assert_credentials_env(env: dict[str, str], principal: str | None, where: str) -> str | None:
+    """The credential variables name ``principal`` and files in one folder; returns the folder."""
+    if principal is None:
+        assert not set(env) & CREDENTIAL_KEYS, f"{where} needs no credentials"
+        return None
+    assert principal in ALL_PRINCIPALS, f"{where}: no Kafka principal {principal!r}"
+    assert env["MINT_KAFKA_USERNAME"] == principal, where
+    kafka_file = PurePosixPath(env["MINT_KAFKA_PASSWORD_FILE"])
+    assert kafka_file.name == f"kafka-{principal}", where
+    if _has_role(principal):
+        assert env["MINT_CASSANDRA_USERNAME"] == principal, where
+        cassandra_file = PurePosixPath(env["MINT_CASSANDRA_PASSWORD_FILE"])
+        assert cassandra_file == kafka_file.parent / f"cassandra-{principal}", where
+    else:
+        assert "MINT_CASSANDRA_USERNAME" not in env, f"{where}: no Cassandra role {principal!r}"
+    return str(kafka_file.parent)
 
 
 @pytest.fixture(scope="module")
@@ -61,35 +148,96 @@ def k8s() -> list[dict]:
     return docs
 
 
+def _mint_services(compose: dict) -> dict[str, dict]:
+    return {n: svc for n, svc in compose["services"].items() if n.startswith("mint")}
+
+
+def _secret_mounts(svc: dict) -> list[dict]:
+    return [v for v in svc.get("volumes", []) if isinstance(v, dict) and v["source"] == "secrets"]
+
+
+def _pods(k8s: list[dict]) -> list[tuple[str, dict]]:
+    return [
+        (d["metadata"]["name"], d["spec"]["template"]["spec"])
+        for d in k8s
+        if d["kind"] in ("Deployment", "StatefulSet", "Job")
+    ]
+
+
+def _containers(pod: dict) -> list[dict]:
+    return pod.get("initContainers", []) + pod["containers"]
+
+
+def _env(container: dict) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container.get("env", [])}
+
+
+def _mint_containers(k8s: list[dict]) -> list[tuple[str, dict, dict]]:
+    return [
+        (name, pod, c)
+        for name, pod in _pods(k8s)
+        for c in _containers(pod)
+        if c["image"].startswith("mint")
+    ]
+
+
+def _configmap(k8s: list[dict], name: str) -> dict:
+    (cm,) = [d for d in k8s if d["kind"] == "ConfigMap" and d["metadata"]["name"] == name]
+    return cm
+
+
+def _properties(text: str) -> dict[str, str]:
+    return dict(
+        line.split("=", 1) for line in text.splitlines() if re.match(r"[a-z][a-z0-9._-]*=", line)
+    )
+
+
+# -- settings and commands --------------------------------------------------------------------
+
+
+def test_every_mint_variable_is_a_setting() -> None:
+    texts = [DEPLOY / "docker-compose.yml", *sorted((DEPLOY / "k8s").glob("*.yaml"))]
+    used = {m for p in texts for m in re.findall(r"\bMINT_[A-Z0-9_]*[A-Z0-9]", p.read_text())}
+    assert used and used <= _known_env_keys(), used - _known_env_keys()
+
+
 def test_compose_env_is_valid_mint_settings(compose, monkeypatch) -> None:
     env = compose["x-mint-env"]
     assert set(env) <= _known_env_keys(), set(env) - _known_env_keys()
     s = _settings_from(env, monkeypatch)
     host, _, port = s.kafka_bootstrap.rpartition(":")
-    kafka_env = compose["services"]["kafka"]["environment"]
+    kafka = compose["services"]["kafka"]
     assert host in compose["services"], "bootstrap host must be the kafka service name"
-    assert f"PLAINTEXT://:{port}" in kafka_env["KAFKA_LISTENERS"]
-    assert kafka_env["KAFKA_ADVERTISED_LISTENERS"] == f"PLAINTEXT://{s.kafka_bootstrap}"
+    assert f"listeners=SASL_PLAINTEXT://:{port}," in KAFKA_SCRIPT.read_text()
+    assert kafka["environment"]["KAFKA_ADVERTISED_LISTENERS"] == (
+        f"{s.kafka_security_protocol}://{s.kafka_bootstrap}"
+    )
     assert s.cassandra_contact_points == ["cassandra"] and "cassandra" in compose["services"]
     assert s.cassandra_port == 9042  # the cassandra image's native transport port
     assert s.kafka_is_external and s.cassandra_is_external, "containers must never start local JVMs"
 
 
-def test_compose_mint_services_use_shared_env_and_real_commands(compose) -> None:
-    mint_services = {n: svc for n, svc in compose["services"].items() if n.startswith("mint")}
+def test_compose_mint_services_use_shared_env_and_real_commands(compose, monkeypatch) -> None:
+    mint_services = _mint_services(compose)
     assert mint_services
-    for svc in mint_services.values():
-        assert svc["environment"] == compose["x-mint-env"]
-        for argv in _mint_commands(svc["command"]):
+    for name, svc in mint_services.items():
+        env = svc["environment"]
+        assert {k: env.get(k) for k in compose["x-mint-env"]} == compose["x-mint-env"], name
+        assert set(env) - set(compose["x-mint-env"]) <= CREDENTIAL_KEYS, name
+        _settings_from(env, monkeypatch)  # valid settings
+        commands = _mint_commands(svc["command"])
+        assert commands, f"{name} runs no mint command"
+        for argv in commands:
             _assert_mint_command(argv)
 
 
 def test_k8s_configmap_matches_compose(compose, k8s, monkeypatch) -> None:
-    (cm,) = [d for d in k8s if d["kind"] == "ConfigMap"]
+    cm = _configmap(k8s, "mint-settings")
     data = cm["data"]
     assert set(data) <= _known_env_keys(), set(data) - _known_env_keys()
     shared = set(data) & set(compose["x-mint-env"])
     assert {k: data[k] for k in shared} == {k: compose["x-mint-env"][k] for k in shared}
+    assert "MINT_KAFKA_SECURITY_PROTOCOL" in shared
     s = _settings_from(data, monkeypatch)
     services = {d["metadata"]["name"]: d for d in k8s if d["kind"] == "Service"}
     host, _, port = s.kafka_bootstrap.rpartition(":")
@@ -100,17 +248,12 @@ def test_k8s_configmap_matches_compose(compose, k8s, monkeypatch) -> None:
 
 
 def test_k8s_mint_containers_read_the_configmap_and_run_real_commands(k8s) -> None:
-    (cm,) = [d for d in k8s if d["kind"] == "ConfigMap"]
     found = 0
-    for doc in k8s:
-        if doc["kind"] not in ("Deployment", "StatefulSet", "Job"):
-            continue
-        pod = doc["spec"]["template"]["spec"]
-        for c in pod["containers"] + pod.get("initContainers", []):
-            if c["image"].startswith("mint"):
-                found += 1
-                assert {"configMapRef": {"name": cm["metadata"]["name"]}} in c["envFrom"]
-                _assert_mint_command(c["command"])
+    for _, _, c in _mint_containers(k8s):
+        found += 1
+        assert {"configMapRef": {"name": "mint-settings"}} in c["envFrom"]
+        assert set(_env(c)) <= CREDENTIAL_KEYS, c["name"]
+        _assert_mint_command(c["command"])
     assert found
 
 
@@ -129,11 +272,335 @@ def test_every_worker_is_deployed_in_compose_and_k8s(compose, k8s) -> None:
         ]
     )
     in_k8s = _deployed_workers(
-        [
-            c.get("command", [])
-            for d in k8s
-            if d["kind"] in ("Deployment", "StatefulSet", "Job")
-            for c in d["spec"]["template"]["spec"]["containers"]
-        ]
+        [c.get("command", []) for _, pod in _pods(k8s) for c in pod["containers"]]
     )
     assert workers and in_compose == workers and in_k8s == workers
+
+
+# -- credentials on by default ----------------------------------------------------------------
+
+
+def test_credentials_are_on_by_default(compose, k8s, monkeypatch) -> None:
+    script = _properties(KAFKA_SCRIPT.read_text())
+    envs = {name: svc["environment"] for name, svc in _mint_services(compose).items()}
+    cm = _configmap(k8s, "mint-settings")
+    for name, _, c in _mint_containers(k8s):
+        envs[f"k8s {name}/{c['name']}"] = {**cm["data"], **_env(c)}
+    assert len(envs) > 10
+    for where, env in envs.items():
+        s = _settings_from(env, monkeypatch)
+        assert s.kafka_security_protocol.startswith("SASL_"), f"{where}: Kafka without SASL"
+        assert s.kafka_sasl_mechanism == script["sasl.enabled.mechanisms"], where
+    assert script["allow.everyone.if.no.acl.found"] == "false"
+    assert script["authorizer.class.name"].endswith(".StandardAuthorizer")
+
+
+def test_compose_each_service_runs_as_its_own_principal(compose) -> None:
+    assert not {"all", "broker"} & set(ALL_PRINCIPALS), "secret folder names are taken"
+    principals = {}
+    for name, svc in _mint_services(compose).items():
+        commands = _mint_commands(svc["command"])
+        principal = _expected_principal(commands)
+        folder = _assert_credentials_env(svc["environment"], principal, name)
+        mounts = _secret_mounts(svc)
+        if ["mint", "security", "secrets"] in [a[:3] for a in commands]:  # writes them all
+            assert principal is None and svc["volumes"] == ["secrets:/secrets"], name
+            continue
+        if principal is None:
+            assert not mounts and not any("secrets" in str(v) for v in svc.get("volumes", []))
+            continue
+        principals[name] = principal
+        (mount,) = mounts
+        assert mount["read_only"] is True and mount["target"] == folder, name
+        # the one-shot set-up applies every password (it sets the roles'); a worker its own
+        setup = any(a[:3] == ["mint", "security", "apply"] for a in commands)
+        assert mount["volume"]["subpath"] == ("all" if setup else principal), name
+        if setup:
+            assert f"--dir {folder}" in " ".join(svc["command"]), name
+    assert set(principals.values()) == {ADMIN, *(PRINCIPAL_OF.get(k, k) for k in _workers())}
+    # the broker mounts its folder of Kafka passwords, Cassandra none
+    (broker_mount,) = _secret_mounts(compose["services"]["kafka"])
+    assert broker_mount["volume"]["subpath"] == "broker" and broker_mount["read_only"] is True
+    assert not _secret_mounts(compose["services"]["cassandra"])
+
+
+def _workers() -> set[str]:
+    return set(mint_cli.commands["worker"].commands)
+
+
+def _fake_mint(bin_dir: Path) -> None:
+    """A ``mint`` on PATH that runs this checkout's CLI."""
+    mint = bin_dir / "mint"
+    code = "import sys; from mint.cli import main; sys.argv[0] = 'mint'; main()"
+    mint.write_text(f'#!/bin/sh\nexec "{sys.executable}" -c "{code}" "$@"\n')
+    mint.chmod(0o755)
+
+
+def test_compose_secret_layout_gives_each_principal_only_its_files(compose, tmp_path) -> None:
+    svc = compose["services"]["mint-secrets"]
+    script = _shell_script(svc["command"])
+    assert script and "mint security secrets --dir /secrets/all" in script
+    root = tmp_path / "secrets"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _fake_mint(bin_dir)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT)}
+    runs = []
+    for _ in range(2):  # every `up` runs it again: the same passwords, the same folders
+        subprocess.run(
+            ["sh", "-ec", script.replace("/secrets", str(root))], env=env, check=True, cwd=ROOT
+        )
+        runs.append({p.name: p.read_text() for p in (root / "all").iterdir()})
+    everything = runs[0]
+    assert runs[1] == everything and set(everything) == {
+        *(f"kafka-{p}" for p in ALL_PRINCIPALS),
+        *(f"cassandra-{r}" for r in (ADMIN_ROLE, *ROLES)),
+    }
+    used = {m["volume"]["subpath"] for s in compose["services"].values() for m in _secret_mounts(s)}
+    assert used <= {p.name for p in root.iterdir()}, "a mounted subpath the layout lacks"
+    for principal in ALL_PRINCIPALS:
+        folder = root / principal
+        assert {p.name for p in folder.iterdir()} == _own_files(principal), principal
+        for p in folder.iterdir():
+            assert p.read_text() == everything[p.name] and stat.S_IMODE(p.stat().st_mode) == 0o600
+    broker = {p.name: p for p in (root / "broker").iterdir()}
+    assert set(broker) == {f"kafka-{p}" for p in ALL_PRINCIPALS}, "the broker: Kafka's only"
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o444 for p in broker.values())
+
+
+def test_k8s_each_container_runs_as_its_own_principal(k8s) -> None:
+    kustomization = (DEPLOY / "k8s" / "kustomization.yaml").read_text()
+    assert f"create secret generic {SECRET_NAME} --from-file=" in kustomization
+    assert "mint security secrets --dir" in kustomization
+    assert not [d for d in k8s if d["kind"] == "Secret"], "passwords never live in the repo"
+    principals, whole_secret = {}, []
+    for name, pod, c in _mint_containers(k8s):
+        where = f"{name}/{c['name']}"
+        principal = _expected_principal([c["command"]])
+        folder = _assert_credentials_env(_env(c), principal, where)
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        mounted = [
+            (m, volumes[m["name"]]["secret"])
+            for m in c.get("volumeMounts", [])
+            if "secret" in volumes[m["name"]]
+        ]
+        if principal is None:
+            assert not mounted, f"{where} needs no credentials"
+            continue
+        principals[where] = principal
+        ((mount, secret),) = mounted
+        assert secret["secretName"] == SECRET_NAME and mount.get("readOnly") is True, where
+        assert mount["mountPath"] == folder, where
+        if "items" not in secret:  # the whole Secret: only `mint security apply` needs that
+            assert c["command"][:3] == ["mint", "security", "apply"], where
+            assert c["command"][c["command"].index("--dir") + 1] == folder, where
+            whole_secret.append(where)
+            continue
+        assert {i["key"] for i in secret["items"]} == _own_files(principal), where
+        assert all(i["path"] == i["key"] for i in secret["items"]), where
+    assert len(whole_secret) == 1
+    assert set(principals.values()) == {ADMIN, *(PRINCIPAL_OF.get(k, k) for k in _workers())}
+
+
+# -- Kafka -------------------------------------------------------------------------------------
+
+
+def _kafka_pod(k8s: list[dict]) -> dict:
+    ((_, pod),) = [(n, p) for n, p in _pods(k8s) if n == "kafka"]
+    return pod
+
+
+def test_kafka_start_script_is_the_same_in_compose_and_k8s(compose, k8s) -> None:
+    script = KAFKA_SCRIPT.read_text()
+    cm = _configmap(k8s, "kafka-start")
+    assert cm["data"] == {"start-secure.sh": script}, "copy deploy/kafka/start-secure.sh"
+    svc = compose["services"]["kafka"]
+    (mount,) = [v for v in svc["volumes"] if isinstance(v, str) and "start-secure.sh" in v]
+    source, target, mode = mount.split(":")
+    assert (DEPLOY / source).resolve() == KAFKA_SCRIPT and mode == "ro"
+    assert svc["command"] == ["sh", target]
+    assert compose["services"]["kafka"]["depends_on"]["mint-secrets"] == {
+        "condition": "service_completed_successfully"
+    }
+    pod = _kafka_pod(k8s)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    (init,) = pod["initContainers"]
+    (broker,) = pod["containers"]
+    assert init["command"] == ["sh", target, "format"] and broker["command"] == ["sh", target]
+    for c, keys in ((init, {f"kafka-{p}" for p in ALL_PRINCIPALS}), (broker, {"kafka-admin"})):
+        assert c["image"] == svc["image"]
+        assert (
+            _env(c)["KAFKA_ADVERTISED_LISTENERS"]
+            == svc["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+        )
+        mounts = {m["mountPath"]: volumes.get(m["name"], {}) for m in c["volumeMounts"]}
+        assert mounts[str(PurePosixPath(target).parent)]["configMap"]["name"] == "kafka-start"
+        secret = mounts["/run/secrets/mint"]["secret"]
+        assert secret["secretName"] == SECRET_NAME
+        assert {i["key"] for i in secret["items"]} == keys, c["name"]
+    # the controller listener (PLAINTEXT, ANONYMOUS a super user) is on loopback: not a port
+    kafka_ports = [p["port"] for d in k8s if d["kind"] == "Service" for p in d["spec"]["ports"]]
+    assert 9093 not in kafka_ports
+
+
+def _fake_kafka_bin(folder: Path) -> Path:
+    folder.mkdir()
+    (folder / "kafka-storage.sh").write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = random-uuid ]; then echo q1Sh-9_ISia_zwGINzRvyQ; exit 0; fi\n'
+        'printf "%s\\n" "$@" >> "$BROKER_DATA/../format.log"\n'
+        'touch "$BROKER_DATA/meta.properties"\n'
+    )
+    (folder / "kafka-server-start.sh").write_text(
+        '#!/bin/sh\nprintf "%s\\n" "$@" > "$BROKER_DATA/../started"\n'
+    )
+    for p in folder.iterdir():
+        p.chmod(0o755)
+    return folder
+
+
+def test_kafka_start_script_formats_scram_users_once_with_the_secure_config(tmp_path) -> None:
+    secrets = tmp_path / "secrets"
+    ensure_secrets(secrets)
+    passwords = {p: (secrets / f"kafka-{p}").read_text() for p in ALL_PRINCIPALS}
+    data, conf = tmp_path / "data", tmp_path / "conf"
+    data.mkdir()
+    env = {
+        **os.environ,
+        "SECRETS_DIR": str(secrets),
+        "BROKER_BIN": str(_fake_kafka_bin(tmp_path / "bin")),
+        "BROKER_DATA": str(data),
+        "BROKER_CONF": str(conf),
+        "KAFKA_ADVERTISED_LISTENERS": "SASL_PLAINTEXT://kafka:9092",
+    }
+    run = [["sh", str(KAFKA_SCRIPT), "format"], ["sh", str(KAFKA_SCRIPT)]]
+    for argv in run:  # the second run finds the storage formatted: no second format
+        subprocess.run(argv, env=env, check=True, capture_output=True)
+    log = (tmp_path / "format.log").read_text().splitlines()
+    assert log.count("format") == 1 and "--standalone" in log
+    scram = {log[i + 1] for i, word in enumerate(log) if word == "--add-scram"}
+    assert scram == {f"SCRAM-SHA-256=[name={p},password={pw}]" for p, pw in passwords.items()}, (
+        "a SCRAM user per principal"
+    )
+    assert (tmp_path / "started").read_text().split() == [str(conf / "server.properties")]
+
+    props = _properties((conf / "server.properties").read_text())
+    local = _properties((DEPLOY / "local" / "server-secure.properties.in").read_text())
+    assert {k: props[k] for k in BROKER_SECURITY_KEYS} == {
+        k: local[k] for k in BROKER_SECURITY_KEYS
+    }
+    assert props["advertised.listeners"] == env["KAFKA_ADVERTISED_LISTENERS"]
+    assert props["listeners"] == "SASL_PLAINTEXT://:9092,CONTROLLER://127.0.0.1:9093"
+    assert props["log.dirs"] == str(data)
+    assert (
+        f'username="admin" password="{passwords["admin"]}";'
+        in props["listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config"]
+    )
+    client = _properties((conf / "admin.properties").read_text())
+    assert client["security.protocol"] == "SASL_PLAINTEXT"
+    assert f'password="{passwords["admin"]}"' in client["sasl.jaas.config"]
+    for p in conf.iterdir():  # they hold admin's password
+        assert stat.S_IMODE(p.stat().st_mode) == 0o600
+
+
+def test_kafka_health_checks_log_in_with_the_file_the_script_writes(compose, k8s) -> None:
+    text = KAFKA_SCRIPT.read_text()
+    default_conf = re.search(r"conf=\$\{BROKER_CONF:-([^}]+)\}", text)[1]
+    client_file = f"{default_conf}/admin.properties"
+    assert 'cat >"$conf/admin.properties"' in text
+    health = compose["services"]["kafka"]["healthcheck"]["test"][1]
+    assert f"--command-config {client_file}" in health
+    (broker,) = _kafka_pod(k8s)["containers"]
+    probe = broker["readinessProbe"]["exec"]["command"]
+    assert probe[probe.index("--command-config") + 1] == client_file
+
+
+# -- Cassandra ---------------------------------------------------------------------------------
+
+
+def _cassandra_scripts(compose: dict, k8s: list[dict]) -> dict[str, str]:
+    ((_, pod),) = [(n, p) for n, p in _pods(k8s) if n == "cassandra"]
+    (c,) = pod["containers"]
+    return {
+        "compose": _shell_script(compose["services"]["cassandra"]["entrypoint"]),
+        "k8s": _shell_script(c["command"]),
+    }
+
+
+CASSANDRA_5_YAML = """\
+# - AllowAllAuthenticator performs no checks - set it to disable authentication.
+authenticator:
+  class_name : org.apache.cassandra.auth.AllowAllAuthenticator
+internode_authenticator: org.apache.cassandra.auth.AllowAllInternodeAuthenticator
+authorizer:
+  class_name: AllowAllAuthorizer
+role_manager: CassandraRoleManager
+network_authorizer: AllowAllNetworkAuthorizer
+"""
+
+
+@pytest.mark.parametrize(
+    "conf, starts",
+    [
+        (CASSANDRA_5_YAML, True),
+        ("authenticator: AllowAllAuthenticator\nauthorizer: AllowAllAuthorizer\n", True),
+        ("# authenticator: AllowAllAuthenticator\n", False),  # not edited: never start open
+    ],
+)
+def test_cassandra_starts_with_logins_and_permissions_or_not_at_all(
+    compose, k8s, tmp_path, conf, starts
+) -> None:
+    scripts = _cassandra_scripts(compose, k8s)
+    assert scripts["compose"] == scripts["k8s"], "the same entrypoint in compose and k8s"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    entry = bin_dir / "docker-entrypoint.sh"
+    entry.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/started\n')
+    entry.chmod(0o755)
+    (tmp_path / "cassandra.yaml").write_text(conf)
+    env = {**os.environ, "CASSANDRA_CONF": str(tmp_path), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    done = subprocess.run(["sh", "-ec", scripts["compose"]], env=env, capture_output=True)
+    assert (done.returncode == 0) == starts == (tmp_path / "started").exists()
+    if starts:
+        assert (tmp_path / "started").read_text().split() == ["cassandra", "-f"]
+        edited = (tmp_path / "cassandra.yaml").read_text()
+        active = yaml.safe_load(edited)
+        assert "PasswordAuthenticator" in str(active["authenticator"])
+        assert "CassandraAuthorizer" in str(active["authorizer"])
+        unrelated = [line for line in conf.splitlines() if "AllowAllAuth" not in line]
+        assert unrelated == [line for line in edited.splitlines() if line in unrelated]
+
+
+def test_cassandra_health_checks_need_no_password(compose, k8s) -> None:
+    """A fresh node has only the default superuser, locked by `mint security apply`: a check
+    that logs in would fail before the roles exist or after the lock."""
+    ((_, pod),) = [(n, p) for n, p in _pods(k8s) if n == "cassandra"]
+    checks = [
+        " ".join(compose["services"]["cassandra"]["healthcheck"]["test"]),
+        " ".join(pod["containers"][0]["readinessProbe"]["exec"]["command"]),
+    ]
+    for check in checks:
+        assert "nodetool" in check and "cqlsh" not in check
+
+
+# -- no passwords in the manifests -------------------------------------------------------------
+
+
+def _manifest_texts() -> dict[str, str]:
+    paths = [DEPLOY / "docker-compose.yml", KAFKA_SCRIPT, *sorted((DEPLOY / "k8s").glob("*.yaml"))]
+    return {p.name: p.read_text() for p in paths}
+
+
+def test_no_password_literal_in_any_manifest(compose, k8s) -> None:
+    for name, text in _manifest_texts().items():
+        assert not re.search(r"\b[0-9a-f]{32}\b", text), f"{name}: a generated password?"
+        for value in re.findall(r"password[ \t]*[=:][ \t]*\\?\"?([^\"\s;,\]\\]*)", text, re.I):
+            assert value.startswith("$"), f"{name}: password {value!r} is not read from a file"
+        assert not re.search(r"(cqlsh|nodetool)[^\n]*\s(-p|-pw|--password)\b", text), name
+        assert not re.search(r"MINT_(KAFKA|CASSANDRA)_PASSWORD\b(?!_FILE)\s*:", text), name
+    envs = [svc.get("environment", {}) for svc in compose["services"].values()]
+    envs += [_env(c) for _, pod in _pods(k8s) for c in _containers(pod)]
+    for env in envs:
+        assert not [k for k in env if k.upper().endswith(("PASSWORD", "SECRET"))], env
+    for d in k8s:
+        assert d["kind"] != "Secret" or not (d.get("data") or d.get("stringData"))
