@@ -85,8 +85,9 @@ def list_models(as_json: bool) -> None:
 
 
 @models.command("tiny")
-@click.option("--arch", type=click.Choice(["llama", "qwen3-moe", "deepseek-v3"]), required=True,
-              help="transformers architecture: Llama, Qwen3-MoE, or DeepSeek-V3 (MLA + MoE).")  # fmt: skip
+@click.option("--arch", type=click.Choice(["llama", "qwen3-moe", "deepseek-v3", "deepseek-v32"]),
+              required=True, help="transformers architecture: Llama, Qwen3-MoE, DeepSeek-V3 "
+              "(MLA + MoE) or DeepSeek-V3.2 (MLA + DSA sparse attention + MoE).")  # fmt: skip
 @click.option("--size", type=click.Choice(["test", "small"]), default="test", show_default=True,
               help="test: ≤ 20M parameters, fp32 (CPU tests); small: ≈ 0.5B, bf16 (benchmarks).")  # fmt: skip
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Folder to write.")

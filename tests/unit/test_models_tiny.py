@@ -44,3 +44,14 @@ def test_tokenizer_is_deterministic_and_round_trips() -> None:
     assert ids[0] == a.bos_token_id
     assert a.decode(ids, skip_special_tokens=True) == text
     assert len(a) <= 512
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_dsa_indexer_keeps_fewer_keys_than_test_sequences(size: str) -> None:
+    config = tiny_config(TinySpec("deepseek-v32", size))
+    assert config.model_type == "deepseek_v32"
+    # The indexer splits its head into a rotary and a plain part, and reads q_a_proj's output.
+    assert config.index_head_dim > config.qk_rope_head_dim and config.q_lora_rank
+    if size == "test":  # the trainer's tests use sequences of 10+ tokens: top-k must be sparse
+        assert config.index_topk <= 8
+        assert config.index_n_heads >= 16  # few heads: exact-zero scores, ties (see tiny.py)

@@ -17,16 +17,22 @@ from typing import Any, Literal
 
 import structlog
 import torch
-from transformers import AutoModelForCausalLM, DeepseekV3Config, LlamaConfig, Qwen3MoeConfig
+from transformers import (
+    AutoModelForCausalLM,
+    DeepseekV3Config,
+    DeepseekV32Config,
+    LlamaConfig,
+    Qwen3MoeConfig,
+)
 
 from workers.models.exceptions import ModelBuildError
 from workers.models.tokenizer import SPECIAL_TOKENS, save_tokenizer, train_tokenizer
 
 log = structlog.get_logger()
 
-Arch = Literal["llama", "qwen3-moe", "deepseek-v3"]
+Arch = Literal["llama", "qwen3-moe", "deepseek-v3", "deepseek-v32"]
 Size = Literal["test", "small"]
-ARCHS: tuple[str, ...] = ("llama", "qwen3-moe", "deepseek-v3")
+ARCHS: tuple[str, ...] = ("llama", "qwen3-moe", "deepseek-v3", "deepseek-v32")
 SIZES: tuple[str, ...] = ("test", "small")
 PARAM_LIMITS = {"test": 20_000_000, "small": 700_000_000}
 
@@ -107,7 +113,25 @@ _ARCH: dict[tuple[str, str], dict[str, Any]] = {
     ),  # fmt: skip
 }
 
-_CONFIG_CLASS = {"llama": LlamaConfig, "qwen3-moe": Qwen3MoeConfig, "deepseek-v3": DeepseekV3Config}
+# DeepSeek-V3.2: V3's MLA + MoE plus DSA, a lightning indexer per layer (its own projections
+# `indexer.wq_b`, `indexer.wk`, `indexer.weights_proj`) that keeps the top `index_topk` keys per
+# query. The test size keeps 4, so any test sequence past 4 tokens takes the sparse path. Its
+# score is Σ_h w_h·relu(q_h·k): with 4 heads, random weights scored whole keys exactly 0 often
+# enough that top-k broke ties differently in the plain and the cached forward (4 of 48 GRPO
+# log-probs off by 0.13); 16 heads make an all-zero key rare.
+_DSA = {
+    "test": dict(index_topk=4, index_n_heads=16, index_head_dim=32),
+    "small": dict(index_topk=256, index_n_heads=16, index_head_dim=64),
+}
+for _size, _dsa in _DSA.items():
+    _ARCH[("deepseek-v32", _size)] = {**_ARCH[("deepseek-v3", _size)], **_dsa}
+
+_CONFIG_CLASS = {
+    "llama": LlamaConfig,
+    "qwen3-moe": Qwen3MoeConfig,
+    "deepseek-v3": DeepseekV3Config,
+    "deepseek-v32": DeepseekV32Config,
+}
 
 
 @dataclass(frozen=True)
@@ -131,7 +155,7 @@ def tiny_dtype(spec: TinySpec) -> torch.dtype:
 def tiny_config(spec: TinySpec):
     """The transformers config of a tiny model (no weights)."""
     kwargs = {**_COMMON[spec.size], **_ARCH[(spec.arch, spec.size)]}
-    if spec.arch == "deepseek-v3":
+    if spec.arch in ("deepseek-v3", "deepseek-v32"):
         kwargs.pop("head_dim")  # MLA derives head sizes from the qk/v dims
     return _CONFIG_CLASS[spec.arch](
         **kwargs,
