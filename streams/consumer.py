@@ -164,6 +164,7 @@ class RecordLoop:
             dead_letter_sink = self._send_confirmed
         self.sink = dead_letter_sink
         self.stats = ConsumerStats()
+        self._handled = RECORDS.labels(group_id, "handled")  # bound once: labels() per record cost
 
     def _send_confirmed(self, key: bytes | None, value: bytes | None, headers: list) -> None:
         self.producer.send_raw(self.dlq, value, key, headers)  # type: ignore[union-attr]
@@ -201,7 +202,7 @@ class RecordLoop:
 
             if self.attempt(call, give_up):
                 self.stats.handled += 1
-                RECORDS.labels(self.group_id, "handled").inc()
+                self._handled.inc()
 
     def attempt(self, call: Callable[[], None], give_up: Callable[[Exception], bool]) -> bool:
         """Run ``call`` until it succeeds (True), waiting out transient failures for as long as
