@@ -1,10 +1,12 @@
 """Adapter artifacts: the manifest, content digests, base-model fingerprints and the checks that
 every adapter passes before it is stored or loaded.
 
-A revision directory holds exactly the PEFT files (``adapter_config.json``,
-``adapter_model.safetensors``) plus ``manifest.json``. The digest covers the two PEFT files (the
-adapter's identity: same bytes, same digest), so stock PEFT and vLLM load the directory unchanged
-and the manifest can describe it without being part of it.
+A revision directory holds the PEFT files (``adapter_config.json``,
+``adapter_model.safetensors``) plus ``manifest.json``, and for a MoE adapter
+``adapter_packed.safetensors`` beside them (layout ``packed-moe``: expert factors stacked per
+projection, ``catalog/packed.py``). The digest covers every content file present, the packed one
+included (the adapter's identity: same bytes, same digest), so stock PEFT and vLLM load the
+directory unchanged and the manifest can describe it without being part of it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import math
 import re
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from safetensors import SafetensorError, safe_open
@@ -30,7 +32,10 @@ from catalog.exceptions import (
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 MANIFEST_FILE = "manifest.json"
+PACKED_FILE = "adapter_packed.safetensors"
 ADAPTER_FILES = (CONFIG_FILE, WEIGHTS_FILE)
+LAYOUT_PEFT = "peft"
+LAYOUT_PACKED_MOE = "packed-moe"
 MANIFEST_VERSION = 1
 
 # Formats that can execute code when loaded (pickle) or that we cannot verify.
@@ -53,9 +58,16 @@ def _digest_of(file_hashes: dict[str, str]) -> str:
     return "sha256:" + hashlib.sha256(listing.encode()).hexdigest()
 
 
+def content_files(directory: Path) -> tuple[str, ...]:
+    """The files a revision's digest covers: the PEFT files, and the packed file if present."""
+    packed = (PACKED_FILE,) if (Path(directory) / PACKED_FILE).is_file() else ()
+    return (*ADAPTER_FILES, *packed)
+
+
 def adapter_digest(directory: Path) -> tuple[str, dict[str, str]]:
-    """``("sha256:…", {file: sha256})`` of the PEFT files in ``directory``."""
-    hashes = {name: file_sha256(Path(directory) / name) for name in ADAPTER_FILES}
+    """``("sha256:…", {file: sha256})`` of the content files in ``directory`` (a packed file that
+    appears or disappears changes the digest, so it is verified like the PEFT files)."""
+    hashes = {name: file_sha256(Path(directory) / name) for name in content_files(directory)}
     return _digest_of(hashes), hashes
 
 
@@ -94,8 +106,11 @@ class Manifest(BaseModel):
 
     format_version: int = MANIFEST_VERSION
     digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
-    files: dict[str, str] = Field(description="file name → sha256 hex of the PEFT files")
-    size_bytes: int = Field(ge=0)
+    files: dict[str, str] = Field(description="file name → sha256 hex of the content files")
+    size_bytes: int = Field(ge=0, description="bytes of the content files")
+    # "packed-moe": adapter_packed.safetensors sits beside the PEFT files. Older manifests have
+    # no such field: they are "peft".
+    layout: Literal["peft", "packed-moe"] = LAYOUT_PEFT
     tenant: str
     policy: str
     base_model: str = Field(min_length=1)

@@ -1,9 +1,10 @@
 """The adapter store: immutable, content-addressed revision directories on a filesystem.
 
 Layout: ``<root>/<tenant>/<policy>/adapters/<digest hex>/`` holding ``adapter_config.json``,
-``adapter_model.safetensors`` and ``manifest.json``. A revision is written into
-``<root>/.tmp/<random>/`` and renamed into place, so a reader sees all of it or none of it, and
-two writers of the same bytes end with one directory. Every read recomputes the digest.
+``adapter_model.safetensors``, ``manifest.json`` and, for MoE adapters,
+``adapter_packed.safetensors`` (written by ``put``; see ``catalog/packed.py``). A revision is
+written into ``<root>/.tmp/<random>/`` and renamed into place, so a reader sees all of it or none
+of it, and two writers of the same bytes end with one directory. Every read recomputes the digest.
 
 Here the root is a local path (``MINT_STORE_URI``, default ``.mint/store``). The scale-out path
 is an S3-compatible bucket through fsspec (``s3://bucket/prefix``): the same layout, with the
@@ -25,10 +26,14 @@ import structlog
 
 from catalog.artifacts import (
     ADAPTER_FILES,
+    LAYOUT_PACKED_MOE,
+    LAYOUT_PEFT,
     MANIFEST_FILE,
+    PACKED_FILE,
     Manifest,
     adapter_digest,
     check_manifest_matches,
+    file_sha256,
     inspect_adapter,
     read_manifest,
 )
@@ -135,39 +140,47 @@ class AdapterStore:
                 f"revision's {parent.manifest.base_model_fingerprint} ({parent.uri}); a policy "
                 "keeps one base model — start a new policy for another base"
             )
-        digest, hashes = adapter_digest(source)
-        final = self.path_for(tenant, policy, digest)
-        if final.exists():
-            log.info("adapter_exists", digest=digest, path=str(final))
-            return self.open_path(final, base_model_fingerprint=base_model_fingerprint)
-        manifest = Manifest(
-            digest=digest,
-            files=hashes,
-            size_bytes=sum((source / n).stat().st_size for n in ADAPTER_FILES),
-            tenant=tenant,
-            policy=policy,
-            base_model=base_model,
-            base_model_fingerprint=base_model_fingerprint,
-            rank=shape.rank,
-            lora_alpha=shape.lora_alpha,
-            target_modules=shape.target_modules,
-            target_parameters=shape.target_parameters,
-            parent_revision=parent_revision,
-            parent_digest=parent.digest if parent is not None else None,
-            training=training or {},
-        )
+        source_hashes = {name: file_sha256(source / name) for name in ADAPTER_FILES}
         tmp = self.root / ".tmp" / uuid.uuid4().hex
         tmp.mkdir(parents=True)
         try:
             for name in ADAPTER_FILES:
                 shutil.copyfile(source / name, tmp / name)
+            # A MoE adapter gets its packed file, made here from the copied PEFT files (a packed
+            # file in ``source`` is never taken as is); the digest covers it.
+            from catalog.packed import write_packed  # torch: only where adapters are written
+
+            layout = write_packed(tmp)
+            digest, hashes = adapter_digest(tmp)
+            # The copy must still hash as the source did (a source changed mid-copy is caught).
+            if any(hashes[name] != source_hashes[name] for name in ADAPTER_FILES):
+                raise AdapterCorrupted(f"{source} changed while it was being stored; retry")
+            final = self.path_for(tenant, policy, digest)
+            if final.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+                log.info("adapter_exists", digest=digest, path=str(final))
+                return self.open_path(final, base_model_fingerprint=base_model_fingerprint)
+            manifest = Manifest(
+                digest=digest,
+                files=hashes,
+                size_bytes=sum((tmp / n).stat().st_size for n in hashes),
+                layout=layout,
+                tenant=tenant,
+                policy=policy,
+                base_model=base_model,
+                base_model_fingerprint=base_model_fingerprint,
+                rank=shape.rank,
+                lora_alpha=shape.lora_alpha,
+                target_modules=shape.target_modules,
+                target_parameters=shape.target_parameters,
+                parent_revision=parent_revision,
+                parent_digest=parent.digest if parent is not None else None,
+                training=training or {},
+            )
             (tmp / MANIFEST_FILE).write_text(manifest.model_dump_json(indent=2) + "\n")
-            for name in (*ADAPTER_FILES, MANIFEST_FILE):
+            for name in (*hashes, MANIFEST_FILE):
                 with (tmp / name).open("rb+") as f:
                     os.fsync(f.fileno())
-            # The copy must still hash to the digest (a source changed mid-copy is caught here).
-            if adapter_digest(tmp)[0] != digest:
-                raise AdapterCorrupted(f"{source} changed while it was being stored; retry")
             final.parent.mkdir(parents=True, exist_ok=True)
             try:
                 os.rename(tmp, final)
@@ -218,7 +231,7 @@ class AdapterStore:
             )
         manifest = read_manifest(path)
         shape = inspect_adapter(path)
-        digest, _ = adapter_digest(path)
+        digest, hashes = adapter_digest(path)
         if digest != manifest.digest or path.name != digest.removeprefix("sha256:"):
             raise AdapterCorrupted(
                 f"revision at {str(path)!r}: content digest is {digest} but the manifest says "
@@ -226,6 +239,13 @@ class AdapterStore:
                 "them from a replica or re-export the revision"
             )
         check_manifest_matches(manifest, shape)
+        layout = LAYOUT_PACKED_MOE if PACKED_FILE in hashes else LAYOUT_PEFT
+        if manifest.layout != layout or set(manifest.files) != set(hashes):
+            raise AdapterCorrupted(
+                f"revision at {str(path)!r}: the manifest says layout {manifest.layout!r} with "
+                f"files {sorted(manifest.files)}, the folder holds {sorted(hashes)}; restore it "
+                "from a replica or re-export the revision"
+            )
         if owner is not None and (manifest.tenant, manifest.policy) != tuple(owner):
             raise CrossTenantReference(
                 f"revision at {str(path)!r} belongs to {manifest.tenant}/{manifest.policy} by "

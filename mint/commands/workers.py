@@ -38,11 +38,24 @@ def projector(auto_migrate: bool) -> None:
     show_default=True,
     help="Consumer threads sharing the one resident base (policies train while others wait).",
 )
-def trainer(base_model: str | None, backend: str, consumers: int) -> None:  # fmt: skip
+@click.option(
+    "--ranks",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Data-parallel ranks (DeepSpeed ZeRO-2; needs --backend deepspeed). Rank 0 starts "
+    "ranks 1..N-1 on this machine, unless a launcher set RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT.",
+)
+def trainer(base_model: str | None, backend: str, consumers: int, ranks: int) -> None:  # fmt: skip
     """Train LoRA updates from update.requests; export, register and announce revisions."""
+    if ranks > 1 and backend != "deepspeed":
+        raise click.UsageError(
+            f"--ranks {ranks} needs --backend deepspeed: only ZeRO-2 partitions the optimizer "
+            "state and gradients across ranks (the torch backend runs one rank)"
+        )
     from workers.trainer.worker import main
 
-    main(base_model=base_model, backend=backend, consumers=consumers)
+    main(base_model=base_model, backend=backend, consumers=consumers, ranks=ranks)
 
 
 def _engine_options(fn):

@@ -23,7 +23,7 @@ from typing import Protocol
 
 import structlog
 
-from catalog.artifacts import ADAPTER_FILES, MANIFEST_FILE
+from catalog.artifacts import MANIFEST_FILE
 from catalog.exceptions import AdapterCorrupted, AdapterNotFound, BaseModelMismatch, CatalogError
 from catalog.store import AdapterStore, StoredAdapter
 from workers.serving.engine import LoraHandle
@@ -251,7 +251,7 @@ class WorkingSet:
                 self._check_digest(ref, src.digest)
                 tmp = self.cache_dir / f".{local.name}.{time.monotonic_ns()}"
                 tmp.mkdir()
-                for name in (*ADAPTER_FILES, MANIFEST_FILE):
+                for name in (*src.manifest.files, MANIFEST_FILE):  # the packed file too
                     shutil.copyfile(src.path / name, tmp / name)
                 tmp.rename(local)
                 self.counters.disk_fetches += 1

@@ -72,8 +72,10 @@ class TorchBackend:
 _DS_INITIALIZED = False
 
 
-def _init_distributed(port: int) -> None:
-    """One-process gloo group on CPU (NCCL and real ranks come from the launcher on GPUs)."""
+def init_distributed(port: int) -> None:
+    """Join the process group once: the ranks from the torch.distributed environment (``RANK``,
+    ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``; workers/trainer/ranks.py sets them), or
+    one rank of its own (``MASTER_PORT`` = ``port``). gloo on CPU, NCCL on GPUs."""
     global _DS_INITIALIZED
     if _DS_INITIALIZED:
         return
@@ -95,8 +97,10 @@ def _init_distributed(port: int) -> None:
 class DeepSpeedBackend:
     """ZeRO stage 2 over one policy's LoRA parameters (optimizer states and grads partitioned).
 
-    One DeepSpeed engine per policy, all wrapping the same PEFT model: each engine's optimizer
-    and gradient hooks cover only its policy's parameters, so the base stays a single copy.
+    One DeepSpeed engine per policy over a container of only that policy's parameters: its
+    optimizer and gradient hooks cover them alone, the base stays a single copy, and at start
+    DeepSpeed broadcasts rank 0's copy of them (not the base) to the other data-parallel ranks
+    (workers/trainer/ranks.py). The trainer runs the shared PEFT model itself.
     """
 
     def __init__(
@@ -108,7 +112,7 @@ class DeepSpeedBackend:
             raise BackendError(
                 "backend='deepspeed' needs the train extra: pip install 'mint[train]'"
             ) from e
-        _init_distributed(config.deepspeed_port)
+        init_distributed(config.deepspeed_port)
         ds_config: dict[str, Any] = {
             "train_micro_batch_size_per_gpu": 1,
             "gradient_accumulation_steps": 1,
@@ -129,9 +133,13 @@ class DeepSpeedBackend:
         }
         if config.dtype == "bfloat16":
             ds_config["bf16"] = {"enabled": True}
+        from deepspeed.accelerator import get_accelerator
+
+        # The device DeepSpeed would have moved its module to (this rank's; "cpu" on CPU).
+        module.to(get_accelerator().device_name(int(os.environ.get("LOCAL_RANK", "0"))))
         try:
             self.engine, self.optimizer, _, _ = deepspeed.initialize(
-                model=module, model_parameters=params, config=ds_config
+                model=torch.nn.ParameterList(params), model_parameters=params, config=ds_config
             )
         except Exception as e:  # DeepSpeed raises bare Exceptions/asserts on bad setups
             raise BackendError(f"DeepSpeed ZeRO-2 initialization failed: {e}") from e
@@ -148,6 +156,15 @@ class DeepSpeedBackend:
         self.engine.step()
         norm = self.engine.get_global_grad_norm()
         return float(norm) if norm is not None else float("nan")
+
+    def partition_bytes(self) -> int:
+        """Bytes of optimizer state this rank holds: its partition of the fp32 master weights
+        and of AdamW's two moments (1/N of the policy's on N ranks, plus alignment padding)."""
+        held = 0
+        for part in self.optimizer.single_partition_of_fp32_groups:
+            tensors = [part, *self.optimizer.optimizer.state.get(part, {}).values()]
+            held += sum(t.numel() * t.element_size() for t in tensors if t.dim() > 0)
+        return held
 
     def optimizer_state(self) -> dict[str, Any] | None:
         return None  # ZeRO keeps fp32 partitions beside the state: the trainer reloads instead

@@ -21,15 +21,23 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
+from peft import (
+    LoraConfig,
+    PeftModel,
+    get_peft_model,
+    get_peft_model_state_dict,
+    set_peft_model_state_dict,
+)
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from catalog.artifacts import model_fingerprint
+from catalog.exceptions import AdapterCorrupted
+from catalog.packed import read_peft_weights
 from catalog.store import AdapterStore, StoredAdapter
 from workers.trainer import evicted
 from workers.trainer.backends import Backend, DeepSpeedBackend, TorchBackend
@@ -42,6 +50,9 @@ from workers.trainer.losses import (
     sft_loss,
 )
 from workers.trainer.prefix import shared_prefix_logprobs
+
+if TYPE_CHECKING:
+    from workers.trainer.ranks import RankGroup
 
 log = structlog.get_logger()
 
@@ -125,6 +136,7 @@ class MultiPolicyTrainer:
         self.model: PeftModel | None = None
         self.policies: OrderedDict[str, PolicyState] = OrderedDict()
         self._evicted: dict[str, tuple] = {}  # evicted state when there is no store
+        self.ranks: RankGroup | None = None  # data-parallel ranks (RankedTrainer, ranks.py)
         self.lock = threading.RLock()  # guards the shared model: active adapter, fwd/bwd/step
         self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer-compute")
         self._compute_ident = self._compute.submit(threading.get_ident).result()
@@ -174,12 +186,7 @@ class MultiPolicyTrainer:
         if seed is not None:
             torch.manual_seed(seed)  # LoRA A init is random: a seed makes runs repeatable
         if parent is not None:
-            if self.model is None:
-                self.model = PeftModel.from_pretrained(
-                    self.base, str(parent.path), adapter_name=name, is_trainable=True
-                )
-            else:
-                self.model.load_adapter(str(parent.path), adapter_name=name, is_trainable=True)
+            self._load_parent(name, parent)
         elif self.model is None:
             self.model = get_peft_model(
                 self.base, lora.peft_config(self.config.base_model), adapter_name=name
@@ -202,6 +209,32 @@ class MultiPolicyTrainer:
                  trainable=sum(p.numel() for p in params),
                  parent=parent.digest if parent else None)  # fmt: skip
         return state
+
+    def _load_parent(self, name: str, parent: StoredAdapter) -> None:
+        """Load a stored revision as adapter ``name``: a MoE revision's tensors from its packed
+        file (catalog/packed.py, rebuilt into PEFT's layout), any other through stock PEFT."""
+        weights = read_peft_weights(parent.path)
+        if weights is None:
+            if self.model is None:
+                self.model = PeftModel.from_pretrained(
+                    self.base, str(parent.path), adapter_name=name, is_trainable=True
+                )
+            else:
+                self.model.load_adapter(str(parent.path), adapter_name=name, is_trainable=True)
+            return
+        config = LoraConfig.from_pretrained(str(parent.path))
+        config.inference_mode = False  # what from_pretrained(is_trainable=True) does
+        if self.model is None:
+            self.model = get_peft_model(self.base, config, adapter_name=name)
+        else:
+            self.model.add_adapter(name, config)
+        result = set_peft_model_state_dict(self.model, weights, adapter_name=name)
+        missing = [k for k in result.missing_keys if "lora_" in k and f".{name}." in k]
+        if missing or result.unexpected_keys:
+            raise AdapterCorrupted(
+                f"packed file of {parent.uri} does not fit the model: missing {missing[:3]}, "
+                f"unexpected {result.unexpected_keys[:3]}; re-export the revision"
+            )
 
     def _evict(self, policy_id: str) -> None:
         """Drop the least recently used policy, saving what no revision holds: its weights
@@ -343,11 +376,15 @@ class MultiPolicyTrainer:
         self.model.train()
         self.model.zero_grad(set_to_none=True)
         rows = self.config.micro_batch_rows if state.backend.accumulates else None
-        total = batch.loss_mask.sum().clamp(min=1)
+        total, tokens = batch.loss_mask.sum().clamp(min=1), batch.tokens
         adv = None
         if objective == "rl":
             cfg = self.config.loss
             adv = group_advantages(batch.rewards, batch.groups, cfg.normalize_std)
+            reward_mean = float(batch.rewards.mean())
+        scale = 1  # N data-parallel ranks (ranks.py): each runs its rows; DeepSpeed averages the
+        if self.ranks is not None:  # ranks' gradients, so a rank's share of the mean counts N×
+            batch, adv, scale = self.ranks.share(batch, adv)
         loss_value, metrics = 0.0, {}
         for idx in micro_batches(batch, rows):
             sub = batch.select(idx)
@@ -360,21 +397,23 @@ class MultiPolicyTrainer:
                 old = sub.old_logprobs if sub.old_logprobs is not None else logprobs.detach()
                 loss, part = policy_gradient_loss(logprobs, old, adv[idx], sub.loss_mask,
                                                   cfg.rl_loss, cfg.clip_eps)  # fmt: skip
-            if not torch.isfinite(loss):
+            if not (torch.isfinite(loss) if self.ranks is None else self.ranks.all_finite(loss)):
                 self.model.zero_grad(set_to_none=True)
                 raise BadBatch(f"{objective} loss is {float(loss)} for policy {policy_id!r}; "
                                "check rewards and logprobs for NaN/Inf")  # fmt: skip
-            state.backend.backward(loss * weight)
+            state.backend.backward(loss * weight * scale)
             loss_value += float(loss.detach()) * weight
             for k, v in part.items():
                 metrics[k] = metrics.get(k, 0.0) + v * weight
+        if self.ranks is not None:
+            loss_value, metrics = self.ranks.sum(loss_value, metrics)
         if objective == "rl":
-            metrics["reward_mean"] = float(batch.rewards.mean())
+            metrics["reward_mean"] = reward_mean
         grad_norm = state.backend.step(lr)
         self.model.eval()
         state.steps += 1
         state.losses.append(loss_value)
-        return StepResult(loss_value, batch.tokens, grad_norm, metrics, time.perf_counter() - t0)
+        return StepResult(loss_value, tokens, grad_norm, metrics, time.perf_counter() - t0)
 
     def collate(self, examples: list, add_eos: bool = True) -> Batch:
         return collate(self.tokenizer, examples, self.config.max_seq_len, add_eos=add_eos)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from streams.exceptions import TransientError
+
 
 class TrainerError(Exception):
     """Base of every trainer error."""
@@ -20,3 +22,9 @@ class BadBatch(TrainerError, ValueError):
 
 class BackendError(TrainerError, RuntimeError):
     """The training backend (torch or DeepSpeed) could not be set up or failed a step."""
+
+
+class RanksLost(BackendError, TransientError):
+    """A data-parallel rank died or the ranks fell out of step (workers/trainer/ranks.py). Not the
+    record's fault: the consumer loop never dead-letters it, and rank 0 stops (its ``stop`` is
+    set), leaving the record uncommitted for the restarted trainer."""

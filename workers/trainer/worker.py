@@ -291,7 +291,9 @@ def run_trainer(
         cluster.shutdown()
 
 
-def main(base_model: str | None = None, backend: str = "torch", consumers: int = 1) -> None:
+def main(
+    base_model: str | None = None, backend: str = "torch", consumers: int = 1, ranks: int = 1
+) -> None:
     from schemas.logs import configure_logging
     from schemas.settings import get_settings
 
@@ -302,7 +304,25 @@ def main(base_model: str | None = None, backend: str = "torch", consumers: int =
         raise SystemExit("no base model: pass --base-model PATH or set MINT_BASE_MODEL")
     stop = stop_on_signals()
     config = TrainerConfig(base_model=model, backend=backend)  # type: ignore[arg-type]
-    # The group carries the topic prefix: deployments (and test runs) sharing a broker never
-    # share a consumer group, so one never waits on another's rebalance.
-    run_trainer(settings, config, stop=stop, consumers=consumers,
-                group_id=f"{settings.topic_prefix}-{TRAINER_GROUP}")  # fmt: skip
+    trainer = None
+    if ranks > 1:  # DeepSpeed data parallel (ranks.py): rank 0 consumes, the others follow it
+        from workers.trainer import ranks as data_parallel
+        from workers.trainer.exceptions import RanksLost
+
+        if (data_parallel.launched_rank() or 0) > 0:
+            try:
+                data_parallel.follow(config, ranks)
+            except RanksLost as e:
+                raise SystemExit(f"trainer rank {data_parallel.launched_rank()}: {e}") from None
+            return
+        trainer = data_parallel.start(config, ranks, stop=stop)
+    try:
+        # The group carries the topic prefix: deployments (and test runs) sharing a broker never
+        # share a consumer group, so one never waits on another's rebalance.
+        run_trainer(settings, config, stop=stop, consumers=consumers, trainer=trainer,
+                    group_id=f"{settings.topic_prefix}-{TRAINER_GROUP}")  # fmt: skip
+    finally:
+        if trainer is not None:
+            trainer.close()
+    if trainer is not None and trainer.lost:
+        raise SystemExit(f"trainer stopped: {trainer.lost} (unfinished records stay uncommitted)")
