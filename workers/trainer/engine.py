@@ -43,7 +43,7 @@ from workers.trainer import evicted
 from workers.trainer.backends import Backend, DeepSpeedBackend, TorchBackend
 from workers.trainer.config import TrainerConfig
 from workers.trainer.data import Batch, collate, micro_batches
-from workers.trainer.exceptions import BadBatch, PolicyNotLoaded
+from workers.trainer.exceptions import BadBatch, PolicyNotLoaded, UntrainableTarget
 from workers.trainer.losses import (
     group_advantages,
     policy_gradient_loss,
@@ -74,6 +74,27 @@ class LoraShape:
             target_parameters=list(self.target_parameters) or None,
             base_model_name_or_path=base_model,
             bias="none",
+        )
+
+
+# Modules the LM loss never reaches: DSA's lightning indexer feeds attention only through its
+# top-k *indices*, so a LoRA there would stay at its init (workers/trainer/README.md, DSA).
+NO_GRADIENT_SCOPES = ("indexer",)
+
+
+def _check_trainable(base: torch.nn.Module, lora: LoraShape) -> None:
+    """Refuse targets that would never train, naming them, instead of exporting dead weights."""
+    dead = sorted(
+        name
+        for name, _ in base.named_modules()
+        if any(name == t or name.endswith("." + t) for t in lora.target_modules)
+        and any(scope in name.split(".")[:-1] for scope in NO_GRADIENT_SCOPES)
+    )
+    if dead:
+        raise UntrainableTarget(
+            f"target_modules {sorted(lora.target_modules)} reach {len(dead)} DSA indexer "
+            f"projections (e.g. {dead[0]}), which get no gradient from the LM loss (the indexer "
+            "selects keys by top-k indices); leave the indexer out of target_modules"
         )
 
 
@@ -185,6 +206,8 @@ class MultiPolicyTrainer:
         lora = lora or LoraShape()
         if seed is not None:
             torch.manual_seed(seed)  # LoRA A init is random: a seed makes runs repeatable
+        if parent is None:
+            _check_trainable(self.base, lora)
         if parent is not None:
             self._load_parent(name, parent)
         elif self.model is None:

@@ -20,6 +20,10 @@ class BadBatch(TrainerError, ValueError):
     """Training data that cannot be used (empty, wrong fields, ragged logprobs)."""
 
 
+class UntrainableTarget(TrainerError, ValueError):
+    """A LoRA target that the loss never reaches (DSA's indexer): refused, not silently kept."""
+
+
 class BackendError(TrainerError, RuntimeError):
     """The training backend (torch or DeepSpeed) could not be set up or failed a step."""
 

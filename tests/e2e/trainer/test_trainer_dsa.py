@@ -186,3 +186,16 @@ def test_indexer_lora_gets_no_gradient_from_the_lm_loss(tiny_models, monkeypatch
         indexer = {n: g for n, g in grads.items() if ".indexer." in n}
         assert len(indexer) == 2 * 2 * len(INDEXER)  # layers × (A, B) × projections
         assert all(g is None for g in indexer.values()), (unwrapped, indexer)
+
+
+@pytest.mark.parametrize("targets", [MLA + INDEXER, ["wk"], ["weights_proj", "o_proj"]])
+def test_a_policy_naming_indexer_targets_is_refused(tiny_models, targets) -> None:
+    from workers.trainer.exceptions import UntrainableTarget
+
+    trainer = MultiPolicyTrainer(TrainerConfig(base_model=str(tiny_models[ARCH])))
+    try:
+        with pytest.raises(UntrainableTarget, match=r"indexer.*no gradient"):
+            trainer.add_policy("p", LoraShape(4, 8.0, 0.0, targets, []))
+        assert trainer.add_policy("q", DSA).lora == DSA  # the MLA targets still train
+    finally:
+        trainer.close()
