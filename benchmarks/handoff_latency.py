@@ -11,7 +11,8 @@ prompt, logprobs), one GRPO optimizer step in the trainer (workers.trainer), the
   weights are restored (untimed) so the next rollout runs on the real base.
 
 Prints ONE JSON line: median handoff seconds of each path and their ratio (target >= 20; the
-byte ratio is the limit), and the whole RL step's ratio (rollout + update + handoff).
+byte ratio is the limit; ``targets`` / ``met``), and the whole RL step's ratio (rollout +
+update + handoff).
 
     python benchmarks/handoff_latency.py                 # the `small` (~0.5B) Llama, rank 8
     python benchmarks/handoff_latency.py --smoke         # the `test` Llama (what CI runs)
@@ -35,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PROMPTS = ["question: 1 plus 2", "hello world", "the model", "red green blue"]
+TARGET_HANDOFF_RATIO = 20  # merged / adapter-only handoff seconds, at least
 
 
 def dir_bytes(path: Path, pattern: str = "*.safetensors") -> int:
@@ -183,7 +185,8 @@ def main() -> None:
             "rl_step_adapter_s": round(step_adapter, 4), "rl_step_merged_s": round(step_merged, 4),
             "rl_step_ratio": round(step_merged / step_adapter, 3),
             "merged_matches_adapter_share": round(statistics.mean(same), 3),
-            "target_handoff_ratio": 20, "target_met": ratio >= 20,
+            "targets": {"handoff_ratio": TARGET_HANDOFF_RATIO},
+            "met": {"handoff_ratio": ratio >= TARGET_HANDOFF_RATIO},
         }))  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -10,8 +10,10 @@ logprobs) and reused, so later steps are off-policy against them, as with a stal
 Each mode runs in its own child process so that its peak RSS is its own: the sequential child
 runs the four loops one after the other; the concurrent child runs them in four threads sharing
 one trainer (one base model, four adapters and AdamW states; a lock serializes the steps).
-Prints ONE JSON line with the wall-time ratio (sequential / concurrent, target >= 1.8) and the
-peak-RSS ratio (concurrent / sequential, target <= 1.05).
+Prints ONE JSON line with the wall-time ratio (sequential / concurrent, target >= 1.77, the
+reference system's figure) and the peak-RSS ratio (concurrent / sequential, target <= 1.05), in
+``targets`` / ``met``. ``rollouts`` says the wait is simulated: the ratio measures how well the
+trainer interleaves policies around a wait, not real vLLM rollouts through Kafka.
 
     python benchmarks/multi_policy_training.py            # tiny Llama, 8 iterations per policy
     python benchmarks/multi_policy_training.py --size small --iterations 4   # ≈0.5B Llama
@@ -35,6 +37,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICIES = 4
+TARGET_WALL_TIME_RATIO = 1.77  # sequential / concurrent, at least (the reference anchor)
+TARGET_PEAK_RSS_RATIO = 1.05  # concurrent / sequential, at most
 PROMPTS = ["question: 1 plus 2", "hello world", "the model", "red green blue"]
 
 
@@ -168,6 +172,7 @@ def main() -> None:
         "dtype": args.dtype,
         "torch_threads": args.threads,
         "loss": "GRPO ppo_clip, group-relative advantages, LoRA r=8 on q/k/v/o",
+        "rollouts": "simulated (time.sleep)",
         "rollout_wait": (f"time.sleep of {seq['latency_s']:.4f} s per iteration standing in for "
                          f"remote rollout latency ({args.latency_factor} x the median train "
                          "step); rollouts sampled from the model once at start and reused"),
@@ -182,8 +187,10 @@ def main() -> None:
         "concurrent_peak_rss_mb": round(conc["peak_rss_mb"], 1),
         "peak_rss_ratio": round(rss_ratio, 4),
         "base_weight_copies": 1,
-        "targets": {"wall_time_ratio_min": 1.8, "peak_rss_ratio_max": 1.05},
-        "targets_met": wall_ratio >= 1.8 and rss_ratio <= 1.05,
+        "targets": {"wall_time_ratio": TARGET_WALL_TIME_RATIO,
+                    "peak_rss_ratio": TARGET_PEAK_RSS_RATIO},
+        "met": {"wall_time_ratio": wall_ratio >= TARGET_WALL_TIME_RATIO,
+                "peak_rss_ratio": rss_ratio <= TARGET_PEAK_RSS_RATIO},
     }))  # fmt: skip
 
 

@@ -29,4 +29,5 @@ def test_fault_injection_smoke_holds_its_zeros() -> None:
     assert r["lost"] == 0 and r["requests_unanswered"] == 0, r
     assert r["duplicate_revisions"] == 0 and r["transient_dead_letters"] == 0, r
     assert r["catalog_equals_replay"] is True, r["replay_problems"]
+    assert set(r["met"]) == set(r["targets"]) and all(r["met"].values()), r["met"]
     assert proc.returncode == 0, proc.stderr[-3000:]

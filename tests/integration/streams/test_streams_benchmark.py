@@ -24,3 +24,5 @@ def test_events_throughput_smoke(kafka_ready: MintSettings) -> None:
         assert figures[key] > 0
     ratio = figures["pipeline_eps"] / figures["validate_eps"]
     assert abs(figures["pipeline_vs_validate"] - ratio) < 0.01
+    assert figures["smoke"] is True and figures["targets"] == {"pipeline_eps": 15_000}
+    assert figures["met"] == {"pipeline_eps": figures["pipeline_eps"] >= 15_000}
