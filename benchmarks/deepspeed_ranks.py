@@ -82,7 +82,10 @@ def _run_children(args: argparse.Namespace, runs: list[tuple[int, Path, bool]]) 
     """Each (ranks, out, reversed rows) run in its own child: one after the other, or side by
     side with --smoke (whose step seconds then share the cores and say little)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MINT_LOG_LEVEL": "WARNING"}
-    env.pop("RANK", None)  # rank 0 starts its followers itself
+    # Rank 0 starts its followers itself, on a port of its own: nothing of a process group
+    # this process (a test session) may have joined may leak into the children.
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
 
     def launch(ranks: int, out: Path, reverse: bool) -> subprocess.Popen:
         cmd = [sys.executable, __file__, "--child", str(ranks), "--out", str(out), "--model",

@@ -43,8 +43,9 @@ def test_benchmark_smoke_two_ranks_equal_one_and_each_holds_half(tiny_llama: Pat
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "deepspeed_ranks.py"), "--smoke",
          "--model", str(tiny_llama)],
-        capture_output=True, text=True, timeout=600, check=True, cwd=ROOT,
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
     )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-4000:]
     lines = [line for line in out.stdout.splitlines() if line.strip()]
     assert len(lines) == 1, out.stdout
     result = json.loads(lines[0])
