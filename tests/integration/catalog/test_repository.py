@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from catalog.bulk import BulkLoader, BulkPolicy
 from catalog.cluster import connect
 from catalog.exceptions import (
     AliasConflict,
@@ -24,6 +24,7 @@ from catalog.exceptions import (
     RegistrationInProgress,
     RevisionNotFound,
 )
+from catalog.importer import import_file
 from catalog.repository import CatalogRepository
 from catalog.snapshot import dump
 
@@ -117,10 +118,13 @@ def test_resolve_alias_number_and_digest(repo, tenant):
     assert by_alias.alias == "prod"
 
 
-def test_paging_over_1000_revisions(catalog_keyspace, repo, tenant):
+def test_paging_over_1000_revisions(catalog_keyspace, repo, tenant, tmp_path):
     session, ks = catalog_keyspace
     revs = [(digest_of(tenant, i), f"file:///s/{tenant}/big/{i}") for i in range(1, 1001)]
-    BulkLoader(session, ks).load([BulkPolicy(tenant, "big", "tiny-llama", revs)])
+    lines = [json.dumps({"tenant": tenant, "policy": "big", "revision": i, "digest": d, "uri": u,
+                         "base_model": "tiny-llama"}) for i, (d, u) in enumerate(revs, 1)]  # fmt: skip
+    (tmp_path / "big.jsonl").write_text("\n".join(lines) + "\n")
+    assert import_file(session, ks, tmp_path / "big.jsonl").counts.accepted == 1000
     seen, state, pages = [], None, 0
     while True:
         page, state = repo.list_revisions(tenant, "big", page_size=64, page_state=state)
