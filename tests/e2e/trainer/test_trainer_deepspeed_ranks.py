@@ -22,6 +22,7 @@ import pytest
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
+from catalog.claims import write_jsonl
 from catalog.repository import CatalogRepository
 from catalog.store import AdapterStore
 from mint.cli import main as cli
@@ -76,13 +77,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _data(settings, name: str, rows: list[dict]) -> str:
-    path = Path(settings.adapter_store_root) / TENANT / POLICY / "data" / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path.as_uri()
 
 
 def _request(base: Path, data_uri: str, parent: int | None, objective: str):
@@ -195,8 +189,10 @@ def one_rank(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> list
 def test_worker_on_two_ranks_trains_like_one_rank_and_stops_both(
     settings, live, tiny_llama: Path, tmp_path: Path, one_rank: list[dict], launcher: bool
 ) -> None:
-    first = _request(tiny_llama, _data(settings, "sft.jsonl", SFT), None, "sft")
-    second = _request(tiny_llama, _data(settings, "rl.jsonl", RL), 1, "rl")
+    store = AdapterStore(settings.adapter_store_root)
+    sft = write_jsonl(store, TENANT, POLICY, "data", "sft", SFT)
+    rl = write_jsonl(store, TENANT, POLICY, "data", "rl", RL)
+    first, second = _request(tiny_llama, sft, None, "sft"), _request(tiny_llama, rl, 1, "rl")
     with EventProducer(settings) as producer:
         producer.publish_many([first, second])
     worker = Worker(settings, tiny_llama, tmp_path / "trainer.log", launcher=launcher)
