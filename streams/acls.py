@@ -43,12 +43,15 @@ PRINCIPALS: dict[str, Grants] = {
         writes=("eval.requests", "serving.events", "policy.state", "dlq"), groups=("controller",)),
     "trainer": Grants(reads=("update.requests",),
                       writes=("update.results", "export.events", "dlq"), groups=("trainer",)),
+    # Engines read their own results topics too: a redelivered request already answered there
+    # is skipped (streams.answered); serving.events and policy.state are read without a group.
     "engine": Grants(
-        reads=("infer.requests", "load.requests", "serving.events", "load.events",
-               "rollout.requests", "eval.requests"),
+        reads=("infer.requests", "load.requests", "serving.events", "policy.state",
+               "rollout.requests", "eval.requests", "infer.results", "rollout.results",
+               "eval.results"),
         writes=("infer.results", "load.requests", "load.events", "rollout.results",
                 "eval.results", "dlq"),
-        groups=("serving", "engines", "engine-", "rollout", "evaluator")),
+        groups=("serving", "rollout", "evaluator")),
     "upstream": Grants(writes=REQUESTS),
     "downstream": Grants(reads=("infer.results",), groups=("downstream",)),
 }  # fmt: skip

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
-from kafka import KafkaConsumer, TopicPartition
+from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 from kafka.errors import CommitFailedError, KafkaError, RebalanceInProgressError
 from kafka.structs import OffsetAndMetadata
@@ -58,6 +58,7 @@ from schemas.logs import bound_event
 from schemas.registry import decode_event
 from schemas.settings import MintSettings
 from streams import health
+from streams.answered import AnswerLog
 from streams.clients import make_consumer
 from streams.exceptions import TransientError
 from streams.producer import EventProducer
@@ -93,11 +94,12 @@ class ConsumerStats:
     dead_lettered: int = 0
     retries: int = 0
     transient_retries: int = 0  # of failures that were not the record's (never dead-lettered)
+    duplicates: int = 0  # redelivered requests that already had an answer (skipped)
     reasons: dict[str, int] = field(default_factory=dict)
 
     @property
     def records(self) -> int:
-        return self.handled + self.dead_lettered
+        return self.handled + self.dead_lettered + self.duplicates
 
 
 @dataclass(frozen=True)
@@ -150,9 +152,12 @@ class RecordLoop:
         stop: threading.Event,
         keepalive: Callable[[bool], None] | None = None,
         dead_letter_sink: DeadLetterSink | None = None,
+        skip: Callable[[Envelope[Any], ConsumerRecord], bool] | None = None,
     ) -> None:
         self.settings, self.group_id, self.handler, self.retry = settings, group_id, handler, retry
         self.stop = stop
+        # skip(env, record): True for a redelivered request that was already answered.
+        self.skip = skip
         # keepalive(True) while an outage is waited out (pause and keep polling), (False) after.
         self.keepalive = keepalive or (lambda waiting: None)
         self.dlq = topic_for(settings, DLQ)
@@ -188,9 +193,13 @@ class RecordLoop:
         with bound_event(event_id=str(env.event_id), type=env.type, policy=env.policy_id,
                          correlation_id=str(env.correlation_id)):  # fmt: skip
             attempt = 0
+            duplicate = False
 
             def call() -> None:
-                self.handler(env, record)
+                nonlocal duplicate
+                duplicate = self.skip is not None and self.skip(env, record)
+                if not duplicate:
+                    self.handler(env, record)
 
             def give_up(e: Exception) -> bool:
                 nonlocal attempt
@@ -200,7 +209,14 @@ class RecordLoop:
                     return True
                 return False
 
-            if self.attempt(call, give_up):
+            if not self.attempt(call, give_up):
+                return
+            if duplicate:
+                self.stats.duplicates += 1
+                RECORDS.labels(self.group_id, "duplicate").inc()
+                log.info("redelivered request was already answered; skipped", topic=record.topic,
+                         partition=record.partition, offset=record.offset)  # fmt: skip
+            else:
                 self.stats.handled += 1
                 self._handled.inc()
 
@@ -292,22 +308,21 @@ def _drain(
     consumer: KafkaConsumer,
     loop: RecordLoop,
     batches: dict[TopicPartition, list[ConsumerRecord]],
-    end: dict[TopicPartition, int] | None = None,
-    before_commit: Callable[[], None] | None = None,
+    end: dict[TopicPartition, int],
+    commit: bool = True,
 ) -> None:
-    """Handle one poll's records partition by partition, committing what was finished."""
+    """Handle one range-read poll's records in order, committing what was finished."""
     done: dict[TopicPartition, int] = {}
     try:
         for tp, records in batches.items():
             for record in records:
-                if end is not None and record.offset >= end.get(tp, 0):
+                if record.offset >= end.get(tp, 0):
                     break
                 loop.process(record)
                 done[tp] = record.offset
-        if before_commit is not None:
-            loop.attempt(before_commit, _reraise)
     finally:
-        _commit(consumer, done)
+        if commit:
+            _commit(consumer, done)
 
 
 class ConsumerLoop:
@@ -323,6 +338,18 @@ class ConsumerLoop:
     handler, generate for the whole batch here) publishes its results there, so an offset is
     committed only after what it led to was published. Its transient failures are waited out
     like a handler's; any other failure propagates (the poll stays uncommitted).
+
+    Work that outlives its poll (a request waiting for a cold load): the handler calls
+    ``hold(record, key)`` and the host ``release(key)`` once the answer is published. A
+    partition's offset is committed only up to its oldest held record, so a crash redelivers
+    every request that was not answered. ``answers={"infer.requests": "infer.results"}`` skips a
+    redelivered request whose answer is already on the results topic (streams.answered), so the
+    records answered after a held one are not answered twice. ``on_revoked(partitions)`` tells
+    the host that a rebalance took partitions away: it drops their held work (the new owner gets
+    it again from the committed offset), after the loop committed what was finished.
+
+    ``follow_from_ms``: no group; read every partition of ``topics`` from that time on (or from
+    the end) and commit nothing: what an engine does to follow alias moves.
     """
 
     def __init__(
@@ -338,37 +365,156 @@ class ConsumerLoop:
         producer: EventProducer | None = None,
         before_commit: Callable[[], None] | None = None,
         keepalive: Callable[[bool], None] | None = None,
+        answers: dict[str, str] | None = None,
+        on_revoked: Callable[[set[TopicPartition]], None] | None = None,
+        follow_from_ms: int | None = None,
         **consumer_options: Any,
     ) -> None:
         self.names = list(topics) if raw_topics else [topic_for(settings, t) for t in topics]
         self.group_id = group_id
         self.stop = stop or threading.Event()
         self.before_commit = before_commit
+        self.on_revoked = on_revoked
+        self.grouped = follow_from_ms is None
+        self._next: dict[TopicPartition, int] = {}  # after the last finished record
+        self._committed: dict[TopicPartition, int] = {}
+        self._held: dict[TopicPartition, dict[int, Any]] = {}  # offset -> key
+        self._held_keys: dict[Any, list[tuple[TopicPartition, int]]] = {}
+        self._answer_logs = {topic_for(settings, req): AnswerLog(settings, topic_for(settings, res))
+                             for req, res in (answers or {}).items()}  # fmt: skip
+        self._answered: dict[TopicPartition, set[Any]] = {}
+        self._waited_seen = 0
         serve_metrics(settings.metrics_port)
         health.register(group_id)
         self._loop = RecordLoop(settings, group_id, handler, retry or RetryPolicy(), producer,
-                           self.stop, keepalive or self.hold)  # fmt: skip
+                                self.stop, keepalive or self.hold_all_partitions,
+                                skip=self._already_answered if self._answer_logs else None)  # fmt: skip
         # 10 s (not kafka-python's 45 s) so a crashed worker's partitions move on soon; a worker
         # restarted with the same ``group_instance_id`` (static membership) takes them back.
         options = {"isolation_level": "read_committed", "client_id": group_id,
                    "session_timeout_ms": 10_000}  # fmt: skip
         options.update(consumer_options)
         try:
-            self.consumer = make_consumer(settings, group_id=group_id, **options)
+            if self.grouped:
+                self.consumer = make_consumer(settings, group_id=group_id, **options)
+            else:
+                options.pop("session_timeout_ms")
+                self.consumer = make_consumer(settings, group_id=None, **options)
         except BaseException:
             self._loop.close()
             raise
         for name in self.names:  # metadata first: the first assignment sees every partition
             if not self.consumer.partitions_for_topic(name):
                 log.warning("topic has no partitions yet; create it with ensure_topics", topic=name)
-        self.consumer.subscribe(self.names)
-        log.info("consumer started", topics=self.names, group=group_id)
+        if self.grouped:
+            self.consumer.subscribe(self.names, listener=_Listener(self))
+        else:
+            self._follow(follow_from_ms)
+        log.info("consumer started", topics=self.names, group=group_id if self.grouped else None)
+
+    def _follow(self, since_ms: int) -> None:
+        c = self.consumer
+        tps = [TopicPartition(n, p) for n in self.names for p in c.partitions_for_topic(n) or ()]
+        c.assign(tps)
+        found = c.offsets_for_times({tp: since_ms for tp in tps}) if tps else {}
+        for tp in tps:
+            if found.get(tp) is not None:
+                c.seek(tp, found[tp].offset)
+            else:
+                c.seek_to_end(tp)
 
     @property
     def stats(self) -> ConsumerStats:
         return self._loop.stats
 
-    def hold(self, waiting: bool) -> None:
+    # Held work and redelivered answers.
+
+    def hold(self, record: ConsumerRecord, key: Any) -> None:
+        """Keep ``record``'s offset uncommitted until ``release(key)``."""
+        tp = TopicPartition(record.topic, record.partition)
+        self._held.setdefault(tp, {})[record.offset] = key
+        self._held_keys.setdefault(key, []).append((tp, record.offset))
+
+    def release(self, key: Any) -> bool:
+        """The work held under ``key`` is done (its answer was published)."""
+        found = self._held_keys.pop(key, None)
+        for tp, offset in found or ():
+            self._held.get(tp, {}).pop(offset, None)
+        return found is not None
+
+    def held(self) -> int:
+        return sum(len(v) for v in self._held.values())
+
+    def owns(self, tp: TopicPartition) -> bool:
+        return tp in self.consumer.assignment()
+
+    def _maybe_revoked(self, tp: TopicPartition) -> bool:
+        # Only a poll can revoke, and a handler polls only while it waits out an outage.
+        waited = self.stats.transient_retries
+        if waited == self._waited_seen:
+            return False
+        self._waited_seen = waited
+        return not self.owns(tp)
+
+    def _already_answered(self, env: Envelope[Any], record: ConsumerRecord) -> bool:
+        answer_log = self._answer_logs.get(record.topic)
+        if answer_log is None:
+            return False
+        tp = TopicPartition(record.topic, record.partition)
+        seen = self._answered.get(tp)
+        if seen is None:  # the first record of this assignment: what was answered already?
+            count = len(self.consumer.partitions_for_topic(record.topic) or ())
+            seen = self._answered[tp] = answer_log.since(record.partition, count, record.timestamp)
+        return env.event_id in seen
+
+    # Rebalances (called by kafka-python from inside poll()).
+
+    def _revoked(self, tps: set[TopicPartition]) -> None:
+        self._commit_ready()
+        if self.on_revoked is not None and tps:
+            self.on_revoked(tps)
+        for tp in tps:
+            self._forget(tp)
+
+    def _assigned(self, tps: set[TopicPartition]) -> None:
+        for tp in tps:
+            self._forget(tp)
+        log.info("partitions assigned", group=self.group_id,
+                 partitions=sorted(f"{tp.topic}[{tp.partition}]" for tp in tps))  # fmt: skip
+
+    def _forget(self, tp: TopicPartition) -> None:
+        self._next.pop(tp, None)
+        self._committed.pop(tp, None)
+        self._answered.pop(tp, None)
+        for offset, key in self._held.pop(tp, {}).items():
+            places = self._held_keys.get(key, [])
+            if (tp, offset) in places:
+                places.remove((tp, offset))
+            if not places:
+                self._held_keys.pop(key, None)
+
+    def _commit_ready(self) -> None:
+        """Commit each partition up to its oldest held record (or all it finished)."""
+        if not self.grouped:
+            return
+        offsets = {}
+        for tp, nxt in self._next.items():
+            held = self._held.get(tp)
+            target = min(min(held), nxt) if held else nxt
+            if target > self._committed.get(tp, -1):
+                offsets[tp] = target
+        if not offsets:
+            return
+        try:
+            self.consumer.commit({tp: OffsetAndMetadata(o, "", -1) for tp, o in offsets.items()})
+            self._committed.update(offsets)
+        except (CommitFailedError, RebalanceInProgressError) as e:
+            # The group moved these partitions on (e.g. a handler outlived max_poll_interval_ms):
+            # the new owner gets the records again and skips or redoes them (idempotent).
+            log.warning("offset commit lost to a rebalance; records will be redelivered",
+                        error=str(e))  # fmt: skip
+
+    def hold_all_partitions(self, waiting: bool) -> None:
         """Pause (True) or resume (False) this consumer's partitions. Paused partitions fetch
         nothing, but poll() keeps the member in its group (heartbeat and max_poll_interval), so
         an outage does not move partitions around for nothing."""
@@ -386,7 +532,23 @@ class ConsumerLoop:
         it finished. Raises Stopped when stop is set during a wait (nothing more is committed)."""
         batches = self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
         before = self.stats.records
-        _drain(self.consumer, self._loop, batches, before_commit=self.before_commit)
+        finished: dict[TopicPartition, int] = {}
+        try:
+            for tp, records in batches.items():
+                for record in records:
+                    if self.grouped and self._maybe_revoked(tp):
+                        break  # revoked while a handler waited out an outage: the owner has it
+                    self._loop.process(record)
+                    finished[tp] = record.offset + 1
+                    if self.before_commit is None:
+                        self._next[tp] = record.offset + 1
+            if self.before_commit is not None:
+                self._loop.attempt(self.before_commit, _reraise)
+                for tp, nxt in finished.items():
+                    if self.owns(tp) or not self.grouped:
+                        self._next[tp] = nxt
+        finally:
+            self._commit_ready()
         return self.stats.records - before
 
     @property
@@ -416,9 +578,22 @@ class ConsumerLoop:
 
     def close(self) -> None:
         self.consumer.close(autocommit=False)
+        for answer_log in self._answer_logs.values():
+            answer_log.close()
         self._loop.close()
         log.info("consumer stopped", group=self.group_id, handled=self.stats.handled,
-                 dead_lettered=self.stats.dead_lettered)  # fmt: skip
+                 dead_lettered=self.stats.dead_lettered, duplicates=self.stats.duplicates)  # fmt: skip
+
+
+class _Listener(ConsumerRebalanceListener):
+    def __init__(self, loop: ConsumerLoop) -> None:
+        self.loop = loop
+
+    def on_partitions_revoked(self, revoked) -> None:
+        self.loop._revoked(set(revoked))
+
+    def on_partitions_assigned(self, assigned) -> None:
+        self.loop._assigned(set(assigned))
 
 
 def hold_all(loops: Callable[[], Iterable[ConsumerLoop]]) -> Callable[[bool], None]:
@@ -427,7 +602,7 @@ def hold_all(loops: Callable[[], Iterable[ConsumerLoop]]) -> Callable[[bool], No
 
     def keepalive(waiting: bool) -> None:
         for loop in loops():
-            loop.hold(waiting)
+            loop.hold_all_partitions(waiting)
 
     return keepalive
 
@@ -463,13 +638,16 @@ def run_range(
     stop: threading.Event | None = None,
     retry: RetryPolicy | None = None,
     progress: Callable[[int], None] | None = None,
+    commit: bool = True,
 ) -> ConsumerStats:
     """Feed the records ``start[tp] <= offset < end[tp]`` to ``handler`` with the same retry and
-    dead-letter rules, committing progress under ``group_id`` (replay re-drives use a fresh one)."""
+    dead-letter rules, committing progress under ``group_id`` (replay re-drives use a fresh one;
+    ``commit=False``: a read that keeps no position, e.g. an engine's bootstrap)."""
     stop = stop or threading.Event()
     loop = RecordLoop(settings, group_id, handler, retry or RetryPolicy(), None, stop)
     pending = {tp: off for tp, off in start.items() if off < end.get(tp, 0)}
-    consumer = make_consumer(settings, group_id=group_id, isolation_level="read_committed")
+    consumer = make_consumer(settings, group_id=group_id if commit else None,
+                             isolation_level="read_committed", client_id=group_id)  # fmt: skip
     try:
         consumer.assign(list(pending))
         for tp, off in pending.items():
@@ -477,7 +655,7 @@ def run_range(
         while pending and not stop.is_set():
             batches = consumer.poll(timeout_ms=500)
             before = loop.stats.records
-            _drain(consumer, loop, batches, end)
+            _drain(consumer, loop, batches, end, commit=commit)
             if progress and loop.stats.records > before:
                 progress(loop.stats.records - before)
             for tp in list(pending):

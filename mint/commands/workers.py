@@ -107,14 +107,22 @@ def _engine_config(settings, model, engine_id, max_loras, max_cpu_loras, max_dis
 @worker.command("serving")
 @_engine_options
 @click.option("--base-model-name", default=None, help="base model name in the catalog")
-def serving(base_model_name, **opts) -> None:
-    """Serve inference requests (infer.requests → infer.results) with one vLLM engine."""
+@click.option("--fifo", is_flag=True,
+              help="run requests in arrival order instead of demand-ordered waves (a baseline)")  # fmt: skip
+def serving(base_model_name, fifo, **opts) -> None:
+    """Serve inference requests (infer.requests → infer.results) with one vLLM engine.
+
+    Engines of one deployment form the consumer group <prefix>-serving: each serves the
+    partitions (policies) it is assigned and loads their cold adapters itself. Give every engine
+    its own --engine-id: it is the engine's static group membership, so a restarted engine takes
+    its partitions back; two live engines with one id fence each other.
+    """
     from schemas.settings import get_settings
     from workers.serving.main import serve_main
 
     settings = get_settings()
     config, cache = _engine_config(settings, **opts)
-    serve_main(settings, config, cache, base_model_name or config.model)
+    serve_main(settings, config, cache, base_model_name or config.model, fifo=fifo)
 
 
 @worker.command("rollout")

@@ -38,15 +38,15 @@ def test_every_worker_group_and_source_topic_is_granted(acls) -> None:
         ("projector", PROJECTOR_GROUP, PROJECTOR_TOPICS),
         ("controller", CONTROLLER_GROUP, SOURCE_TOPICS),
         ("trainer", TRAINER_GROUP, TRAINER_TOPICS),
-        ("engine", "serving", ("infer.requests",)),
-        ("engine", "engines", ("load.requests",)),
-        ("engine", "rollout", ("rollout.requests",)),
-        ("engine", "evaluator", ("eval.requests",)),
-        ("engine", "engine-e1-abcd", ("serving.events", "load.events")),
+        ("engine", "serving", ("infer.requests", "load.requests", "infer.results")),
+        ("engine", "rollout", ("rollout.requests", "rollout.results")),
+        ("engine", "evaluator", ("eval.requests", "eval.results")),
     ]:
         assert _allowed(acls, principal, "READ", "GROUP", f"t1-{group}"), (principal, group)
         for topic in topics:
             assert _allowed(acls, principal, "READ", "TOPIC", f"t1.{topic}"), (principal, topic)
+    for topic in ("serving.events", "policy.state"):  # followed without a group
+        assert _allowed(acls, "engine", "READ", "TOPIC", f"t1.{topic}"), topic
 
 
 @pytest.mark.parametrize(

@@ -37,7 +37,7 @@ def evaluator_main(settings: MintSettings, config: EngineConfig, cache_dir: Path
             core = ServingCore(engine, ws, resolver, engine_id=config.engine_id,
                                base_model=base_model_name or config.model,
                                max_num_seqs=config.max_num_seqs)  # fmt: skip
-            serving = ServingWorker(settings, core, stop=stop)
+            serving = ServingWorker(settings, core, stop=stop, instance_id=config.engine_id)
         rollout = RolloutCore(engine, ws, resolver, store, engine_id=config.engine_id) \
             if with_rollout else None  # fmt: skip
         host = EngineHost(settings, serving=serving, rollout=rollout, evaluator=evaluator,

@@ -9,7 +9,8 @@ engine) driven by one thread that interleaves the serving worker's step, rollout
 evaluation requests. Each lane is a streams ConsumerLoop (the rules every worker shares): it
 commits an offset only after the record's results were published (at-least-once; result ids
 derive from request ids, so consumers dedupe), waits out an outage with every loop of the host
-paused, and dead-letters a request that fails twice (unknown suite, unresolvable revision).
+paused, dead-letters a request that fails twice (unknown suite, unresolvable revision), and skips
+a redelivered request whose result is already published (streams.answered).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def run_evaluator_worker(
     try:
         return run_consumer(settings, ["eval.requests"], evaluator_group(settings), handle,
                             stop=stop, idle_timeout_s=idle_timeout_s, max_records=max_records,
-                            producer=producer,
+                            producer=producer, answers={"eval.requests": "eval.results"},
                             retry=RetryPolicy(max_attempts=2, backoff_s=0.1))  # fmt: skip
     finally:
         producer.close()
@@ -74,16 +75,16 @@ class EngineHost:
             serving.peers = self.lanes  # an outage in any loop pauses every loop of the thread
         try:
             if rollout is not None:
-                self._lane("rollout.requests", f"{settings.topic_prefix}-rollout",
+                self._lane("rollout.requests", "rollout.results", f"{settings.topic_prefix}-rollout",
                            "rollout.requested", rollout.run, loops)  # fmt: skip
             if evaluator is not None:
-                self._lane("eval.requests", evaluator_group(settings), "eval.requested",
-                           evaluator.run, loops)  # fmt: skip
+                self._lane("eval.requests", "eval.results", evaluator_group(settings),
+                           "eval.requested", evaluator.run, loops)  # fmt: skip
         except BaseException:
             self.close()
             raise
 
-    def _lane(self, topic: str, group: str, event_type: str,
+    def _lane(self, topic: str, results: str, group: str, event_type: str,
               run: Callable[[Any], Any], loops: Callable[[], list]) -> None:  # fmt: skip
         def handle(env, _record) -> None:
             if env.type == event_type:
@@ -93,6 +94,7 @@ class EngineHost:
         self.lanes.append(ConsumerLoop(
             self.settings, [topic], group, handle, stop=self.stop, producer=self.producer,
             retry=RetryPolicy(max_attempts=2, backoff_s=0.1), keepalive=hold_all(loops),
+            answers={topic: results},  # a redelivered request that was answered: skipped
             max_poll_interval_ms=30 * 60 * 1000))  # fmt: skip
 
     def step(self) -> int:

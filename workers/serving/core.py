@@ -1,6 +1,9 @@
 """The serving logic of one engine, without Kafka: resolve, wait for cold loads together, run
 demand-ordered waves, answer every request (a result or an error result).
 
+Cold loads are addressed to the engine that asked (``engine_id`` on ``load.requested``) and,
+keyed by policy like the requests, land on the partition this engine consumes (README: routing).
+
 The worker (workers.serving.worker) feeds it events from the topics and publishes what it
 returns; the sweep benchmark drives it directly.
 """
@@ -8,6 +11,7 @@ returns; the sweep benchmark drives it directly.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -68,7 +72,11 @@ class ServingCore:
         self.ready: DemandScheduler[Pending] = DemandScheduler(fifo=fifo)
         self.waiting: DemandScheduler[Pending] = DemandScheduler()
         self._wait_since: dict[str, float] = {}
-        self.stats = {"completed": 0, "failed": 0, "waves": 0, "load_requests": 0}
+        self.stats = {"completed": 0, "failed": 0, "waves": 0, "load_requests": 0,
+                      "loads_skipped": 0}  # fmt: skip
+        # serves(tenant, policy): does this engine own the policy's partition? (the worker sets
+        # it from its assignment; alone, an engine serves everything)
+        self.serves: Callable[[str, str], bool] = lambda tenant, policy: True
         self._evicted: list[Envelope[Any]] = []
         self.started_at = datetime.now(UTC)
         if working_set.on_evict is None:
@@ -113,19 +121,32 @@ class ServingCore:
     def on_alias_moved(self, env: Envelope[AliasMoved]) -> list[Envelope[Any]]:
         """Promotion/rollback: the next request sees the new target; prefetch its adapter."""
         res = self.resolver.apply(env)
-        # Moves from before this engine started (a replay of the topic) only refresh the cache.
+        # Moves from before this engine started (a replay of the topic) only refresh the cache;
+        # only the engine that serves the policy prefetches its adapter.
         if res is None or env.occurred_at < self.started_at or self.ws.resident(res.digest):
+            return []
+        if not self.serves(env.tenant, env.policy):
             return []
         aref = AdapterRef(res.tenant, res.policy, res.revision, res.digest, res.store_uri)
         return [self._load_request(env, aref, reason="promotion prefetch", priority=9)]
 
     def on_load_requests(self, envs: list[Envelope[LoadRequested]]) -> list[Envelope[Any]]:
-        """This engine's share of the load topic: load in order of waiting demand."""
-        envs = sorted(envs, key=lambda e: (-self.waiting.demand(e.payload.adapter_digest),
-                                           -e.payload.priority))  # fmt: skip
+        """This engine's share of the load topic (the partitions of the policies it serves):
+        load in order of waiting demand. A load asked by another engine that nothing here waits
+        for is skipped: that engine lost the partition, and its requests, now redelivered here,
+        ask again."""
+        if not self.ready.fifo:  # the FIFO baseline loads in arrival order
+            envs = sorted(envs, key=lambda e: (-self.waiting.demand(e.payload.adapter_digest),
+                                               -e.payload.priority))  # fmt: skip
         out: list[Envelope[Any]] = []
         for env in envs:
             p = env.payload
+            mine = p.engine_id in (None, self.engine_id)
+            if not mine and self.waiting.demand(p.adapter_digest) == 0:
+                self.stats["loads_skipped"] += 1
+                continue
+            if self.ws.resident(p.adapter_digest) and self.waiting.demand(p.adapter_digest) == 0:
+                continue  # asked twice (a redelivery, or requests dropped and asked again)
             aref = AdapterRef(env.tenant, env.policy, p.revision, p.adapter_digest, p.store_uri)
             t0 = time.perf_counter()
             try:
@@ -152,25 +173,17 @@ class ServingCore:
             out += self.serve()
         return out
 
-    def on_load_event(self, env: Envelope[Any]) -> list[Envelope[Any]]:
-        """Another engine of the group finished a load we are waiting for."""
-        p = env.payload
-        if self.waiting.demand(p.adapter_digest) == 0:
-            return []
-        if isinstance(p, LoadFailed):
-            return self._fail_waiting(p.adapter_digest, p.error, p.retryable)
-        if isinstance(p, AdapterLoaded) and p.engine_id != self.engine_id:
-            items = self.waiting.take(p.adapter_digest)
-            try:
-                self.ws.ensure(items[0].ref)  # now warm in the store and verified again here
-            except LoadError as e:
-                for it in items:
-                    self.waiting.add(p.adapter_digest, it)
-                return self._fail_waiting(p.adapter_digest, f"{type(e).__name__}: {e}", False)
-            for it in items:
-                self.waiting.add(p.adapter_digest, it)
-            self._release(p.adapter_digest)
-        return []
+    def drop(self, event_ids: set[Any]) -> int:
+        """Forget waiting and queued requests (their partitions moved to another engine, which
+        gets them again from the committed offset). Returns how many were dropped."""
+
+        def gone(it: Pending) -> bool:
+            return it.env.event_id in event_ids
+
+        dropped = self.ready.remove(gone) + self.waiting.remove(gone)
+        for digest in [d for d in self._wait_since if self.waiting.demand(d) == 0]:
+            del self._wait_since[digest]
+        return len(dropped)
 
     # Generation.
 
@@ -252,6 +265,7 @@ class ServingCore:
         return make_event(
             LoadRequested(revision=aref.revision, adapter_digest=aref.digest,
                           store_uri=aref.store_uri, base_model=self.base_model,
+                          engine_id=self.engine_id,
                           priority=max(priority, min(9, demand)), reason=reason),
             tenant=aref.tenant, policy=aref.policy, producer=self.producer_name, caused_by=cause,
         )  # fmt: skip

@@ -42,13 +42,15 @@ def build(settings: MintSettings, config: EngineConfig, cache_dir: Path, ttl_s: 
     return engine, ws, ResolutionCache(repo.resolve, ttl_s=ttl_s), store, cluster
 
 
-def serve_main(settings: MintSettings, config: EngineConfig, cache_dir: Path, base_model: str):
+def serve_main(settings: MintSettings, config: EngineConfig, cache_dir: Path, base_model: str,
+               *, fifo: bool = False):  # fmt: skip
     configure_logging(settings.log_level, settings.log_format)
     engine, ws, resolver, _, cluster = build(settings, config, cache_dir)
     core = ServingCore(engine, ws, resolver, engine_id=config.engine_id, base_model=base_model,
-                       max_num_seqs=config.max_num_seqs)  # fmt: skip
+                       max_num_seqs=config.max_num_seqs, fifo=fifo)  # fmt: skip
     try:
-        stats = ServingWorker(settings, core, stop=stop_on_signals()).run()
+        worker = ServingWorker(settings, core, stop=stop_on_signals(), instance_id=config.engine_id)
+        stats = worker.run()
         log.info("serving worker stopped", **stats, **ws.counters.as_dict())
     finally:
         engine.close()

@@ -94,6 +94,7 @@ def run_rollout_worker(
         return run_consumer(settings, ["rollout.requests"], f"{settings.topic_prefix}-rollout",
                             handle, stop=stop, idle_timeout_s=idle_timeout_s,
                             max_records=max_records, producer=producer,
+                            answers={"rollout.requests": "rollout.results"},
                             retry=RetryPolicy(max_attempts=2, backoff_s=0.1))  # fmt: skip
     finally:
         producer.close()

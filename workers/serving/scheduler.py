@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -81,6 +82,20 @@ class DemandScheduler(Generic[T]):
                 break
             take, g.items = (g.items, []) if room is None else (g.items[:room], g.items[room:])
             out.extend((key, it) for it in take)
+            if not g.items:
+                del self._groups[key]
+        return out
+
+    def remove(self, gone: Callable[[T], bool]) -> list[T]:
+        """Remove and return every waiting item for which ``gone(item)`` is true."""
+        if self.fifo:
+            out = [it for _, it in self._fifo if gone(it)]
+            self._fifo = [(k, it) for k, it in self._fifo if not gone(it)]
+            return out
+        out = []
+        for key, g in list(self._groups.items()):
+            out += [it for it in g.items if gone(it)]
+            g.items = [it for it in g.items if not gone(it)]
             if not g.items:
                 del self._groups[key]
         return out

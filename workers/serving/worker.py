@@ -1,38 +1,49 @@
 """The serving worker: Kafka in, Kafka out, around one engine's ServingCore.
 
-Three consumer loops (streams.consumer.ConsumerLoop: the rules every worker shares) stepped in
+Two consumer loops (streams.consumer.ConsumerLoop: the rules every worker shares) stepped in
 turn by one thread, since vLLM's generate is not re-entrant:
 
-- ``infer.requests`` in group ``<prefix>-serving``: requests, partitioned by policy;
-- ``load.requests`` in group ``<prefix>-engines``: cold loads, shared by all engines of a model;
-- ``serving.events`` + ``load.events`` in a group of this engine's own: alias moves (resolution
-  cache + prefetch) and loads other engines finished.
+- ``infer.requests`` + ``load.requests`` in group ``<prefix>-serving``, range assignment: both
+  topics are keyed by policy and have as many partitions, so partition *p* of each goes to the
+  same engine. An engine serves a stable share of policies, and the cold loads for them land on
+  the engine that waits for them (README: routing).
+- ``serving.events`` without a group: alias moves, followed from a minute before start after the
+  alias cache was filled from the compacted ``policy.state``.
 
-Handlers queue work in the core; each loop's ``before_commit`` runs it (a generation wave, the
-poll's loads) and publishes what it led to, so an offset is committed only after its results
-were published (at-least-once; a result is keyed by request_id, so consumers dedupe). A catalog
-or store outage is waited out with every partition paused, never dead-lettered; undecodable
-records go to the dead-letter topic at once.
+Handlers queue work in the core; the serving loop's ``before_commit`` runs it (the poll's loads
+in demand order, then generation waves) and publishes what it led to. A request's offset stays
+uncommitted until its answer (``infer.completed`` or ``infer.failed``) is published: a kill -9
+redelivers every request still waiting for a load, and the new owner skips the ones whose answer
+is already on ``infer.results`` (streams.answered). A catalog or store outage is waited out with
+every partition paused, never dead-lettered; undecodable records go to the dead-letter topic.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 import structlog
+from kafka import TopicPartition
+from kafka.coordinator.assignors.range import RangePartitionAssignor
+from kafka.partitioner.default import murmur2
 
 from schemas.envelope import Envelope
-from schemas.events import AdapterLoaded, AliasMoved, InferRequested, LoadFailed, LoadRequested
+from schemas.events import AliasMoved, InferCompleted, InferFailed, InferRequested, LoadRequested
+from schemas.names import policy_id
 from schemas.settings import MintSettings
-from streams.consumer import ConsumerLoop, RetryPolicy, Stopped, hold_all
+from streams.consumer import ConsumerLoop, RetryPolicy, Stopped, hold_all, run_range
 from streams.producer import EventProducer
+from streams.topics import POLICY_STATE, topic_for
 from workers.serving.core import ServingCore
 
 log = structlog.get_logger()
+
+# Alias moves are followed from this long before the engine started: a move published while the
+# engine read policy.state, and not yet projected there, is applied too (in order, per policy).
+FOLLOW_OVERLAP_MS = 60_000
 
 
 def run_steps(
@@ -52,21 +63,25 @@ def run_steps(
         pass
 
 
-class _Outbox:
-    """Events a loop's handlers produced, published (and cleared) in its ``before_commit``; what
-    a failed publish left here is sent again by the retry."""
+def bootstrap_aliases(settings: MintSettings, apply: Callable[[Envelope[Any]], Any]) -> int:
+    """Feed every latest alias pointer on the compacted ``policy.state`` to ``apply``."""
+    from streams.clients import make_consumer
 
-    def __init__(self, producer: EventProducer, core: ServingCore) -> None:
-        self.producer, self.core, self.events = producer, core, []
+    topic = topic_for(settings, POLICY_STATE)
+    probe = make_consumer(settings, group_id=None, client_id="policy-state-probe")
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(probe.partitions_for_topic(topic) or ())]
+        start, end = probe.beginning_offsets(tps), probe.end_offsets(tps)
+    finally:
+        probe.close(autocommit=False)
 
-    def add(self, events: list[Envelope[Any]]) -> None:
-        self.events += events
+    def handle(env: Envelope[Any], _record) -> None:
+        if isinstance(env.payload, AliasMoved):
+            apply(env)
 
-    def flush(self) -> None:
-        self.events += self.core.drain_events()
-        if self.events:
-            self.producer.publish_many(self.events)
-            self.events = []
+    stats = run_range(settings, start, end, "policy-state-bootstrap", handle, commit=False)
+    log.info("alias cache filled from policy.state", aliases=stats.handled)
+    return stats.handled
 
 
 class ServingWorker:
@@ -77,12 +92,16 @@ class ServingWorker:
         *,
         group: str = "serving",
         stop: threading.Event | None = None,
+        instance_id: str | None = None,
     ):
+        """``instance_id``: static group membership (the engine id), so a restarted engine gets
+        its partitions, and so its warm adapters' traffic, back without a rebalance."""
         self.settings, self.core, self.group = settings, core, group
         self.stop = stop or threading.Event()
         self.producer = EventProducer(settings, client_id=f"serving-{core.engine_id}")
-        self._out = _Outbox(self.producer, core)
-        self._loads_queued: list[Envelope[LoadRequested]] = []
+        self._outbox: list[Envelope[Any]] = []
+        self._loads_queued: list[tuple[TopicPartition, Envelope[LoadRequested]]] = []
+        self._request_partition: dict[Any, TopicPartition] = {}  # held request event id -> tp
         self.loops: list[ConsumerLoop] = []
         # Loops of a host driven by the same thread (workers.evaluator.EngineHost's lanes).
         self.peers: list[ConsumerLoop] = []
@@ -90,61 +109,98 @@ class ServingWorker:
         # would leave its group after max_poll_interval.
         keep = hold_all(lambda: self.loops + self.peers)
         prefix = settings.topic_prefix
+        self._infer_topic = topic_for(settings, "infer.requests")
+        core.serves = self._serves
 
-        def loop(topics: list[str], group_id: str, handler, before_commit) -> ConsumerLoop:
+        def loop(topics: list[str], group_id: str, handler, before_commit, **options):
             made = ConsumerLoop(settings, topics, group_id, handler, stop=self.stop,
                                 producer=self.producer, before_commit=before_commit,
                                 keepalive=keep, retry=RetryPolicy(max_attempts=3),
                                 # a host's evaluation wave can keep this loop unpolled longer
                                 # than kafka-python's default 5 min
-                                max_poll_interval_ms=30 * 60 * 1000)  # fmt: skip
+                                max_poll_interval_ms=30 * 60 * 1000, **options)  # fmt: skip
             self.loops.append(made)
             return made
 
         try:
-            # Its own group: every engine must see every alias move and load event.
-            self._events = loop(["serving.events", "load.events"],
-                                f"{prefix}-engine-{core.engine_id}-{uuid.uuid4().hex[:8]}",
-                                self._on_event, self._out.flush)  # fmt: skip
-            self._infer = loop(["infer.requests"], f"{prefix}-{group}", self._on_infer,
-                               self._serve)  # fmt: skip
-            self._loads = loop(["load.requests"], f"{prefix}-engines", self._on_load_request,
-                               self._load)  # fmt: skip
+            started_ms = int(time.time() * 1000)
+            bootstrap_aliases(settings, core.resolver.apply)
+            self._events = loop(["serving.events"], f"{prefix}-engine-{core.engine_id}",
+                                self._on_event, self._flush,
+                                follow_from_ms=started_ms - FOLLOW_OVERLAP_MS)  # fmt: skip
+            self._serving = loop(["infer.requests", "load.requests"], f"{prefix}-{group}",
+                                 self._on_record, self._work,
+                                 answers={"infer.requests": "infer.results"},
+                                 on_revoked=self._on_revoked,
+                                 # co-partitioning: partition p of both topics, one engine
+                                 partition_assignment_strategy=(RangePartitionAssignor,),
+                                 group_instance_id=instance_id)  # fmt: skip
         except BaseException:
             self.close()
             raise
+
+    # Routing.
+
+    def _serves(self, tenant: str, policy: str) -> bool:
+        """Does this engine own the partition that the policy's requests go to?"""
+        parts = self._serving.consumer.partitions_for_topic(self._infer_topic) or set()
+        if not parts:
+            return True
+        p = (murmur2(policy_id(tenant, policy).encode()) & 0x7FFFFFFF) % len(parts)
+        return self._serving.owns(TopicPartition(self._infer_topic, sorted(parts)[p]))
+
+    def _on_revoked(self, tps: set[TopicPartition]) -> None:
+        gone = {eid for eid, tp in self._request_partition.items() if tp in tps}
+        dropped = self.core.drop(gone)
+        for eid in gone:
+            del self._request_partition[eid]
+        self._loads_queued = [(tp, env) for tp, env in self._loads_queued if tp not in tps]
+        log.info("partitions revoked; their waiting requests go to the new owner",
+                 partitions=len(tps), dropped=dropped)  # fmt: skip
 
     # Handlers (one record each) and the work each poll runs before its commit.
 
     def _on_event(self, env: Envelope[Any], _record) -> None:
         if isinstance(env.payload, AliasMoved):
-            self._out.add(self.core.on_alias_moved(env))
-        elif isinstance(env.payload, (AdapterLoaded, LoadFailed)):
-            self._out.add(self.core.on_load_event(env))
+            self._outbox += self.core.on_alias_moved(env)
 
-    def _on_infer(self, env: Envelope[Any], _record) -> None:
+    def _on_record(self, env: Envelope[Any], record) -> None:
+        tp = TopicPartition(record.topic, record.partition)
         if isinstance(env.payload, InferRequested):
-            self._out.add(self.core.on_infer(env))
+            self._serving.hold(record, env.event_id)  # committed once answered
+            self._request_partition[env.event_id] = tp
+            self._outbox += self.core.on_infer(env)
+        elif isinstance(env.payload, LoadRequested):
+            self._loads_queued.append((tp, env))
 
-    def _serve(self) -> None:
-        self._out.add(self.core.serve())
-        self._out.flush()
-
-    def _on_load_request(self, env: Envelope[Any], _record) -> None:
-        if isinstance(env.payload, LoadRequested):
-            self._loads_queued.append(env)
-
-    def _load(self) -> None:
+    def _work(self) -> None:
         if self._loads_queued:
             queued, self._loads_queued = self._loads_queued, []
-            self._out.add(self.core.on_load_requests(queued))
-        self._out.flush()
+            self._outbox += self.core.on_load_requests([env for _, env in queued])
+        self._outbox += self.core.serve()
+        self._flush()
+
+    def _flush(self) -> None:
+        """Publish what the handlers produced; a published answer releases its request's offset.
+        What a failed publish left in the outbox is sent again by the retry."""
+        self._outbox += self.core.drain_events()
+        if not self._outbox:
+            return
+        self.producer.publish_many(self._outbox)
+        for env in self._outbox:
+            if isinstance(env.payload, InferCompleted | InferFailed):
+                self._serving.release(env.causation_id)
+                self._request_partition.pop(env.causation_id, None)
+        self._outbox = []
 
     def step(self, timeout_ms: int = 100) -> int:
-        """One round over the three loops; returns how many records it finished."""
-        n = self._events.step(10)
-        handled = self._infer.step(timeout_ms)
-        return n + handled + self._loads.step(10 if handled else 20)
+        """One round over the loops; returns how many records it finished."""
+        return self._events.step(10) + self._serving.step(timeout_ms)
+
+    @property
+    def waiting(self) -> int:
+        """Requests received and not answered yet (their offsets are held)."""
+        return self._serving.held()
 
     def run(self, idle_timeout_s: float | None = None):
         """Step until ``stop`` (given to the constructor) is set, or idle for ``idle_timeout_s``."""

@@ -169,5 +169,5 @@ def test_a_catalog_outage_delays_a_request_but_never_fails_or_dead_letters_it(
     assert len(seen) >= 2 and seen[-1]["groups"][group]["waiting_out_outage"]
     assert seen[-1]["status"] == "waiting_out_outage"
     assert health.report()["status"] == "ready"
-    assert stack.worker._infer.stats.transient_retries >= 2
-    assert stack.worker._infer.stats.dead_lettered == 0
+    assert stack.worker._serving.stats.transient_retries >= 2
+    assert stack.worker._serving.stats.dead_lettered == 0
