@@ -345,8 +345,8 @@ class ConsumerLoop:
     every request that was not answered. ``answers={"infer.requests": "infer.results"}`` skips a
     redelivered request whose answer is already on the results topic (streams.answered), so the
     records answered after a held one are not answered twice. ``on_revoked(partitions)`` tells
-    the host that a rebalance took partitions away: it drops their held work (the new owner gets
-    it again from the committed offset), after the loop committed what was finished.
+    the host that a rebalance took partitions away for good: it drops their held work (the new
+    owner gets it again from the committed offset).
 
     ``follow_from_ms``: no group; read every partition of ``topics`` from that time on (or from
     the end) and commit nothing: what an engine does to follow alias moves.
@@ -383,6 +383,7 @@ class ConsumerLoop:
         self._answer_logs = {topic_for(settings, req): AnswerLog(settings, topic_for(settings, res))
                              for req, res in (answers or {}).items()}  # fmt: skip
         self._answered: dict[TopicPartition, set[Any]] = {}
+        self._owned: set[TopicPartition] = set()
         self._waited_seen = 0
         serve_metrics(settings.metrics_port)
         health.register(group_id)
@@ -467,20 +468,28 @@ class ConsumerLoop:
             seen = self._answered[tp] = answer_log.since(record.partition, count, record.timestamp)
         return env.event_id in seen
 
-    # Rebalances (called by kafka-python from inside poll()).
+    # Rebalances. kafka-python runs these on its IO thread while this loop's thread waits in
+    # poll() or close(), so they may touch the host's state but must not block on the consumer
+    # (no commit here: each step already committed what was finished, and a redelivered request
+    # that was answered since is skipped by the answers check). Under the eager protocol
+    # "revoked" names every partition, yet kafka-python keeps the position of each one that comes
+    # back in the new assignment: only a partition that did not come back is lost.
 
-    def _revoked(self, tps: set[TopicPartition]) -> None:
-        self._commit_ready()
+    def _assigned(self, _added: set[TopicPartition]) -> None:
+        now = set(self.consumer.assignment())
+        self._lose(self._owned - now)
+        for tp in now - self._owned:
+            self._forget(tp)
+        self._owned = now
+        log.info("partitions assigned", group=self.group_id,
+                 partitions=sorted(f"{tp.topic}[{tp.partition}]" for tp in now))  # fmt: skip
+
+    def _lose(self, tps: set[TopicPartition]) -> None:
         if self.on_revoked is not None and tps:
             self.on_revoked(tps)
         for tp in tps:
             self._forget(tp)
-
-    def _assigned(self, tps: set[TopicPartition]) -> None:
-        for tp in tps:
-            self._forget(tp)
-        log.info("partitions assigned", group=self.group_id,
-                 partitions=sorted(f"{tp.topic}[{tp.partition}]" for tp in tps))  # fmt: skip
+        self._owned -= tps
 
     def _forget(self, tp: TopicPartition) -> None:
         self._next.pop(tp, None)
@@ -590,7 +599,10 @@ class _Listener(ConsumerRebalanceListener):
         self.loop = loop
 
     def on_partitions_revoked(self, revoked) -> None:
-        self.loop._revoked(set(revoked))
+        pass  # a notification: what is really lost shows in the next assignment
+
+    def on_partitions_lost(self, lost) -> None:  # evicted from the group: gone for sure
+        self.loop._lose(set(lost))
 
     def on_partitions_assigned(self, assigned) -> None:
         self.loop._assigned(set(assigned))

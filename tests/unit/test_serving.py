@@ -203,3 +203,14 @@ def test_reward_registry() -> None:
     assert get_reward("digits")("p", "a1b2", [1]) == 0.5
     with pytest.raises(UnknownReward, match="not registered"):
         get_reward("nope")
+
+
+def test_scheduler_removes_items_in_both_modes() -> None:
+    from workers.serving.scheduler import DemandScheduler
+
+    for fifo in (False, True):
+        s: DemandScheduler[int] = DemandScheduler(fifo=fifo)
+        for i, key in enumerate("aabbc"):
+            s.add(key, i)
+        assert sorted(s.remove(lambda i: i % 2 == 0)) == [0, 2, 4]
+        assert len(s) == 2 and s.demand("c") == 0 and s.keys() == ["a", "b"]

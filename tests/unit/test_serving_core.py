@@ -108,3 +108,29 @@ def test_failed_load_fails_every_waiting_request(setup, tmp_path) -> None:
     assert set(errors) == {"a", "b"} and all(e.stage == "load" for e in errors.values())
     assert any(isinstance(e.payload, AdapterLoaded) for e in results)
     assert [e.payload.request_id for e in results if isinstance(e.payload, InferCompleted)] == ["c"]
+
+
+def test_loads_are_addressed_to_the_engine_that_waits(setup) -> None:
+    core, refs, _ = setup
+    (load,) = core.on_infer(req("p0", "a"))
+    assert load.payload.engine_id == "e0"  # keyed by policy: lands where p0's requests land
+    # Another engine's load for p1, which nothing here waits for (that engine lost the
+    # partition; its requests, redelivered here, will ask again): not loaded here.
+    other = load.model_copy(update={"payload": load.payload.model_copy(update={
+        "engine_id": "e9", "adapter_digest": refs["p1"].digest,
+        "store_uri": refs["p1"].store_uri})})  # fmt: skip
+    out = core.on_load_requests([other, load])
+    assert not core.ws.resident(refs["p1"].digest) and core.stats["loads_skipped"] == 1
+    assert [type(e.payload).__name__ for e in out] == ["AdapterLoaded", "InferCompleted"]
+    # Asked again once it is resident and nothing waits: nothing to do.
+    assert core.on_load_requests([load]) == []
+
+
+def test_requests_of_revoked_partitions_are_dropped_not_answered(setup) -> None:
+    core, refs, _ = setup
+    envs = [req("p0", "cold-a"), req("p0", "cold-b"), req("p1", "cold-c")]
+    loads = [e for env in envs for e in core.on_infer(env)]
+    assert core.drop({envs[0].event_id, envs[2].event_id}) == 2
+    out = core.on_load_requests(loads)
+    answered = [e.payload.request_id for e in out if isinstance(e.payload, InferCompleted)]
+    assert answered == ["cold-b"]  # the dropped ones are the new owner's to answer
