@@ -58,11 +58,15 @@ def apply_event(repo: CatalogRepository, env: Envelope[Any]) -> Outcome:
 
 def _apply_export(repo: CatalogRepository, env: Envelope[Any], p: ExportCompleted) -> int:
     try:
-        repo.get_policy(env.tenant, env.policy)
+        return _register(repo, env, p)
     except PolicyNotFound:
         # The first export of a policy creates it, so a rebuild from the log creates it too.
         repo.create_policy(env.tenant, env.policy, p.base_model, by=env.producer,
                            at=env.occurred_at)  # fmt: skip
+        return _register(repo, env, p)
+
+
+def _register(repo: CatalogRepository, env: Envelope[Any], p: ExportCompleted) -> int:
     rev = repo.register_revision(
         env.tenant,
         env.policy,
@@ -82,6 +86,7 @@ def _apply_export(repo: CatalogRepository, env: Envelope[Any], p: ExportComplete
         },
         by=env.producer,
         at=env.occurred_at,
+        source_checked=True,  # apply_event just read that this event was not applied
     )
     return rev.revision
 

@@ -287,6 +287,7 @@ class CatalogRepository:
         revision: int | None = None,
         by: str = "",
         at: datetime | None = None,
+        source_checked: bool = False,
     ) -> Revision:
         """Register an exported adapter as the policy's next revision.
 
@@ -294,6 +295,12 @@ class CatalogRepository:
         redelivered export returns the revision it created). ``is_new`` tells which happened.
         ``revision`` (e.g. ExportCompleted.revision) demands that exact number: it must be the
         next one, or already hold this digest; anything else is a Conflict.
+        ``source_checked``: the caller just read that ``source_event_id`` was not applied (the
+        projector does), so that read is not made again.
+
+        Round trips of a new registration: the policy read, the digest claim (LWT), the revision
+        insert (LWT; with ``revision`` given its compare-and-set expects ``revision - 1`` at once,
+        without a serial read first), the digest index (LWT) and the applied-event row.
         """
         check_name("tenant", tenant)
         check_name("policy", policy)
@@ -304,7 +311,7 @@ class CatalogRepository:
             check_revision(parent_revision)
         if revision is not None:
             check_revision(revision)
-        if source_event_id is not None:
+        if source_event_id is not None and not source_checked:
             done = self._one(self._get_applied, (source_event_id,))
             if done is not None and done.revision is not None:
                 if (done.tenant, done.policy) != (tenant, policy):
@@ -344,7 +351,10 @@ class CatalogRepository:
             source_event_id, meta, revision,
         )  # fmt: skip
         self._run(self._set_digest_revision, (number, tenant, policy, digest))
-        rev = self.get_revision(tenant, policy, number)
+        # The row as written (read back it would be the same, the CAS having applied it).
+        stored_at = at.replace(microsecond=at.microsecond // 1000 * 1000)  # Cassandra keeps ms
+        rev = Revision(tenant, policy, number, digest, store_uri, pol.base_model, parent_revision,
+                       stored_at, by, source_event_id, json.loads(meta))  # fmt: skip
         self._record_applied(source_event_id, "revision.registered", rev, "created", at)
         log.info("revision registered", tenant=tenant, policy=policy, revision=number,
                  digest=digest)  # fmt: skip
@@ -383,6 +393,15 @@ class CatalogRepository:
     def _allocate(
         self, tenant, policy, digest, store_uri, base_model, parent, at, by, src, meta, want
     ) -> int:
+        if want is not None:  # the number is known: compare-and-set at once, read only if refused
+            values = (want, digest, store_uri, base_model, parent, at, by, src, meta,
+                      tenant, policy, want)  # fmt: skip
+            if want == 1:
+                row = self._one(self._ins_first_revision, values)
+            else:
+                row = self._one(self._ins_next_revision, (*values, want - 1))
+            if row.applied:
+                return want
         for _ in range(_MAX_CAS_RETRIES):
             latest = self._one(self._latest_serial, (tenant, policy))
             if latest is not None and latest.digest == digest:

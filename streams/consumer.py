@@ -41,6 +41,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +50,6 @@ from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 from kafka.errors import CommitFailedError, KafkaError, RebalanceInProgressError
 from kafka.structs import OffsetAndMetadata
-from prometheus_client import Counter
 
 from schemas.envelope import Envelope
 from schemas.events.dead_letter import DeadLetter
@@ -61,6 +61,7 @@ from streams import health
 from streams.answered import AnswerLog
 from streams.clients import make_consumer
 from streams.exceptions import TransientError
+from streams.metrics import TRANSIENT, ConsumerGauges, RecordCounters
 from streams.producer import EventProducer
 from streams.topics import DLQ, topic_for
 
@@ -69,11 +70,6 @@ log = structlog.get_logger()
 Handler = Callable[[Envelope[Any], ConsumerRecord], None]
 # (key, value, headers) of a dead letter -> delivered (confirmed send, or added to a transaction)
 DeadLetterSink = Callable[[bytes | None, bytes | None, list[tuple[str, bytes]]], None]
-
-RECORDS = Counter("mint_consumer_records", "records finished by a consumer loop",
-                  ["group", "outcome"])  # fmt: skip
-TRANSIENT = Counter("mint_consumer_transient_failures",
-                    "handler failures that were waited out (never dead-lettered)", ["group"])  # fmt: skip
 
 
 def serve_metrics(port: int | None) -> None:
@@ -169,7 +165,12 @@ class RecordLoop:
             dead_letter_sink = self._send_confirmed
         self.sink = dead_letter_sink
         self.stats = ConsumerStats()
-        self._handled = RECORDS.labels(group_id, "handled")  # bound once: labels() per record cost
+        self._stats_lock = threading.Lock()  # records of different keys may run on threads
+        self._counts = RecordCounters(group_id)  # mint_consumer_records_total, bound per topic
+
+    def _count(self, name: str) -> None:
+        with self._stats_lock:
+            setattr(self.stats, name, getattr(self.stats, name) + 1)
 
     def _send_confirmed(self, key: bytes | None, value: bytes | None, headers: list) -> None:
         self.producer.send_raw(self.dlq, value, key, headers)  # type: ignore[union-attr]
@@ -178,9 +179,10 @@ class RecordLoop:
         self, record: ConsumerRecord, reason: str, error: Any, attempts: int, env: Any = None
     ) -> None:
         self.sink(*dead_letter(record, reason, error, self.group_id, attempts, env))
-        self.stats.dead_lettered += 1
-        self.stats.reasons[reason] = self.stats.reasons.get(reason, 0) + 1
-        RECORDS.labels(self.group_id, "dead_lettered").inc()
+        with self._stats_lock:
+            self.stats.dead_lettered += 1
+            self.stats.reasons[reason] = self.stats.reasons.get(reason, 0) + 1
+        self._counts.dead_lettered(record.topic, reason)
         log.warning("dead-lettered", reason=reason, error=str(error)[:300], topic=record.topic,
                     partition=record.partition, offset=record.offset)  # fmt: skip
 
@@ -212,13 +214,13 @@ class RecordLoop:
             if not self.attempt(call, give_up):
                 return
             if duplicate:
-                self.stats.duplicates += 1
-                RECORDS.labels(self.group_id, "duplicate").inc()
+                self._count("duplicates")
+                self._counts.inc(record.topic, "duplicate")
                 log.info("redelivered request was already answered; skipped", topic=record.topic,
                          partition=record.partition, offset=record.offset)  # fmt: skip
             else:
-                self.stats.handled += 1
-                self._handled.inc()
+                self._count("handled")
+                self._counts.inc(record.topic, "handled")
 
     def attempt(self, call: Callable[[], None], give_up: Callable[[Exception], bool]) -> bool:
         """Run ``call`` until it succeeds (True), waiting out transient failures for as long as
@@ -237,7 +239,7 @@ class RecordLoop:
                         outage += 1
                         if outage == 1:
                             health.waiting(self.group_id, True)
-                        self.stats.transient_retries += 1
+                        self._count("transient_retries")
                         TRANSIENT.labels(self.group_id).inc()
                         delay = self.retry.delay(outage)
                         log.warning("transient failure, retrying until it passes", attempt=outage,
@@ -246,7 +248,7 @@ class RecordLoop:
                         if give_up(e):
                             return False
                         failures += 1
-                        self.stats.retries += 1
+                        self._count("retries")
                         delay = self.retry.delay(failures)
                         log.warning("handler failed, retrying", attempt=failures, delay_s=delay,
                                     error=f"{type(e).__name__}: {e}")  # fmt: skip
@@ -350,6 +352,10 @@ class ConsumerLoop:
 
     ``follow_from_ms``: no group; read every partition of ``topics`` from that time on (or from
     the end) and commit nothing: what an engine does to follow alias moves.
+
+    ``parallel_keys=N``: a poll's records of different keys run on N threads, each key's in
+    order (records are keyed by policy); the poll commits when all of it finished. For handlers
+    that wait on I/O per record, e.g. the projector's compare-and-set writes.
     """
 
     def __init__(
@@ -368,9 +374,16 @@ class ConsumerLoop:
         answers: dict[str, str] | None = None,
         on_revoked: Callable[[set[TopicPartition]], None] | None = None,
         follow_from_ms: int | None = None,
+        parallel_keys: int = 1,
         **consumer_options: Any,
     ) -> None:
+        if parallel_keys > 1 and before_commit is not None:
+            raise ValueError("parallel_keys needs a handler that finishes its record itself")
         self.names = list(topics) if raw_topics else [topic_for(settings, t) for t in topics]
+        # Handlers of different keys (policies) of one poll run on this many threads; one key's
+        # records stay in order on one thread (the projector: each registration waits on LWTs).
+        self._pool = ThreadPoolExecutor(parallel_keys, thread_name_prefix=f"{group_id}-key") \
+            if parallel_keys > 1 else None  # fmt: skip
         self.group_id = group_id
         self.stop = stop or threading.Event()
         self.before_commit = before_commit
@@ -387,8 +400,12 @@ class ConsumerLoop:
         self._waited_seen = 0
         serve_metrics(settings.metrics_port)
         health.register(group_id)
+        self._gauges = ConsumerGauges(group_id)  # lag per partition, held records
+        keepalive = keepalive or self.hold_all_partitions
+        if self._pool is not None:  # threads waiting out one outage must not poll at once
+            keepalive = _serialized(keepalive)
         self._loop = RecordLoop(settings, group_id, handler, retry or RetryPolicy(), producer,
-                                self.stop, keepalive or self.hold_all_partitions,
+                                self.stop, keepalive,
                                 skip=self._already_answered if self._answer_logs else None)  # fmt: skip
         # 10 s (not kafka-python's 45 s) so a crashed worker's partitions move on soon; a worker
         # restarted with the same ``group_instance_id`` (static membership) takes them back.
@@ -541,6 +558,13 @@ class ConsumerLoop:
         it finished. Raises Stopped when stop is set during a wait (nothing more is committed)."""
         batches = self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
         before = self.stats.records
+        if self._pool is not None and batches:
+            try:
+                self._process_by_key(batches)
+            finally:
+                self._commit_ready()
+            self._gauges.update(self.consumer, self.held)
+            return self.stats.records - before
         finished: dict[TopicPartition, int] = {}
         try:
             for tp, records in batches.items():
@@ -558,7 +582,27 @@ class ConsumerLoop:
                         self._next[tp] = nxt
         finally:
             self._commit_ready()
+        self._gauges.update(self.consumer, self.held)  # at most once a second; no broker call
         return self.stats.records - before
+
+    def _process_by_key(self, batches: dict[TopicPartition, list[ConsumerRecord]]) -> None:
+        """A poll's records, each key's in order, different keys on the pool's threads: a key
+        is a policy, so per-policy order holds; a poll is committed once all of it is done."""
+        runs: dict[bytes | None, list[ConsumerRecord]] = {}  # one policy's, of every topic
+        for records in batches.values():
+            for record in records:
+                runs.setdefault(record.key, []).append(record)
+
+        def run(records: list[ConsumerRecord]) -> None:
+            for record in records:
+                self._loop.process(record)
+
+        futures = [self._pool.submit(run, records) for records in runs.values()]
+        for future in futures:
+            future.result()  # re-raises Stopped (or a failure): nothing of this poll commits
+        for tp, records in batches.items():
+            if not self.grouped or self.owns(tp):
+                self._next[tp] = records[-1].offset + 1
 
     @property
     def assigned(self) -> bool:
@@ -586,12 +630,25 @@ class ConsumerLoop:
         return self.stats
 
     def close(self) -> None:
+        self._gauges.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
         self.consumer.close(autocommit=False)
         for answer_log in self._answer_logs.values():
             answer_log.close()
         self._loop.close()
         log.info("consumer stopped", group=self.group_id, handled=self.stats.handled,
                  dead_lettered=self.stats.dead_lettered, duplicates=self.stats.duplicates)  # fmt: skip
+
+
+def _serialized(fn: Callable[[bool], None]) -> Callable[[bool], None]:
+    lock = threading.Lock()
+
+    def call(waiting: bool) -> None:
+        with lock:
+            fn(waiting)
+
+    return call
 
 
 class _Listener(ConsumerRebalanceListener):

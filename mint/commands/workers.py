@@ -13,11 +13,13 @@ def worker() -> None:
 @worker.command("projector")
 @click.option("--migrate/--no-migrate", "auto_migrate", default=False, show_default=True,
               help="Apply pending catalog migrations before consuming.")  # fmt: skip
-def projector(auto_migrate: bool) -> None:
+@click.option("--parallel", default=16, show_default=True,
+              help="policies applied at once (each policy's events stay in order)")  # fmt: skip
+def projector(auto_migrate: bool, parallel: int) -> None:
     """Apply export and alias-moved events to the Cassandra catalog (group <prefix>-catalog-projector)."""
     from workers.projector import main
 
-    main(auto_migrate=auto_migrate)
+    main(auto_migrate=auto_migrate, parallel=parallel)
 
 
 @worker.command("trainer")

@@ -47,6 +47,7 @@ from schemas.events import (
     Threshold,
     threshold_failures,
 )
+from workers.controller import metrics as controller_metrics
 
 log = structlog.get_logger()
 
@@ -146,9 +147,12 @@ class Controller:
                 # judged before the move it follows (and miss its automatic rollback).
                 self._on_moved(st, executed)
                 out.append(executed)
+                controller_metrics.ALIAS_MOVES.labels(executed.payload.cause).inc()
         elif isinstance(p, AliasMoved):
             self._on_moved(st, env)
         st["recent"] = (st["recent"] + [str(env.event_id)])[-RECENT:]
+        for e in out:
+            controller_metrics.EMITTED.labels(e.type).inc()
         if out:
             kept = list(st["outbox"].items())[-(OUTBOX - 1) :]
             st["outbox"] = dict(
@@ -192,6 +196,8 @@ class Controller:
         if cfg and p.suite != cfg["suite"]:
             failures = [f"suite {p.suite} (the gate is {cfg['suite']})"]
         verdict = "passed" if not failures else f"failed on {', '.join(failures)}"
+        if cfg:
+            (controller_metrics.FAILED if failures else controller_metrics.PASSED).inc()
         self._note(st, "evaluated", p.revision, f"{_metrics(p.metrics)} gate {verdict}")
         # Automatic rollback: an evaluation of a revision an alias serves now.
         metric = cfg.get("rollback_metric")
@@ -235,6 +241,7 @@ class Controller:
     def _refused(self, cmd: Envelope[Any], st: dict, refusal: Refusal) -> Envelope[ServingRefused]:
         p = cmd.payload
         self._note(st, "refused", None, f"{cmd.type} {p.alias}: {refusal.reason}")
+        controller_metrics.REFUSALS.labels(cmd.type).inc()
         log.warning("serving command refused", type=cmd.type, policy=cmd.policy_id,
                     event_id=str(cmd.event_id), reason=refusal.reason)  # fmt: skip
         return self._event(ServingRefused(command_id=cmd.event_id, command_type=cmd.type,

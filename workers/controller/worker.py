@@ -35,6 +35,7 @@ from schemas import Envelope
 from schemas.events import AliasMoved, PromoteCommand, RollbackCommand
 from schemas.logs import configure_logging
 from schemas.settings import MintSettings, get_settings
+from streams import health
 from streams.consumer import ConsumerStats, run_consumer, stop_on_signals
 from streams.producer import EventProducer
 from workers.controller.logic import PRODUCER, Controller, Refusal
@@ -104,6 +105,7 @@ def main() -> None:
 
     settings = get_settings()
     configure_logging(settings.log_level, settings.log_format)
+    health.serve(settings.metrics_port)  # MINT_METRICS_PORT: /metrics, /healthz, /readyz
     stop = stop_on_signals()
     ensure_topics(settings)
     run_controller(settings, stop=stop)

@@ -8,6 +8,7 @@ import structlog
 
 from schemas.logs import configure_logging
 from schemas.settings import MintSettings
+from streams import health
 from streams.consumer import stop_on_signals
 from workers.evaluator.core import EvaluatorCore
 from workers.evaluator.worker import EngineHost, run_evaluator_worker
@@ -21,6 +22,7 @@ def evaluator_main(settings: MintSettings, config: EngineConfig, cache_dir: Path
                    with_serving: bool = False, with_rollout: bool = False,
                    base_model_name: str | None = None) -> None:  # fmt: skip
     configure_logging(settings.log_level, settings.log_format)
+    health.serve(settings.metrics_port)  # up while the engine starts (MINT_METRICS_PORT)
     engine, ws, resolver, store, cluster = build(settings, config, cache_dir)
     evaluator = EvaluatorCore(engine, ws, resolver, engine_id=config.engine_id)
     stop = stop_on_signals()

@@ -8,6 +8,7 @@ the catalog refuses, e.g. an export numbered out of order, lands on the DLQ with
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from typing import Any
 
 import structlog
@@ -20,9 +21,11 @@ from catalog.projection import Outcome, apply_event
 from catalog.repository import CatalogRepository
 from schemas.logs import configure_logging
 from schemas.settings import MintSettings, get_settings
+from streams import health
 from streams.consumer import ConsumerStats, RetryPolicy, run_consumer, stop_on_signals
 from streams.producer import EventProducer
 from streams.topics import POLICY_STATE, topic_for
+from workers.projector import metrics as projector_metrics
 
 log = structlog.get_logger()
 
@@ -68,11 +71,14 @@ def run_projector(
         repo = CatalogRepository(session, settings.keyspace)
         producer = EventProducer(settings)
         state_topic = topic_for(settings, POLICY_STATE)
-        outcomes: dict[str, int] = {}
+        outcomes: Counter[str] = Counter()  # += of a Counter key: one bytecode op per thread
 
         def handle(env, record) -> None:
             outcome = apply_event(repo, env)
-            outcomes[outcome.value] = outcomes.get(outcome.value, 0) + 1
+            outcomes.update((outcome.value,))
+            projector_metrics.EVENTS.labels(env.type, outcome.value).inc()
+            if outcome is Outcome.APPLIED and env.type == "alias.moved":
+                projector_metrics.ALIAS_MOVES.labels(env.payload.cause).inc()
             if env.type == "alias.moved" and _is_current_move(repo, env, outcome):
                 # Latest pointer per alias on the compacted topic: an engine learns every alias
                 # from one read of it.
@@ -104,13 +110,15 @@ def _is_current_move(repo: CatalogRepository, env, outcome: Outcome) -> bool:
     return False
 
 
-def main(auto_migrate: bool = False) -> None:
+def main(auto_migrate: bool = False, parallel: int = 16) -> None:
     settings = get_settings()
     configure_logging(settings.log_level, settings.log_format)
+    health.serve(settings.metrics_port)  # MINT_METRICS_PORT: /metrics, /healthz, /readyz
     stop = stop_on_signals()
     # The group carries the topic prefix: deployments (and test runs) sharing a broker never
     # share a consumer group, so one never waits on another's rebalance.
-    run_projector(settings, stop=stop, auto_migrate=auto_migrate,
+    # Registrations wait on compare-and-set round trips: different policies overlap them.
+    run_projector(settings, stop=stop, auto_migrate=auto_migrate, parallel_keys=parallel,
                   group_id=f"{settings.topic_prefix}-{PROJECTOR_GROUP}")  # fmt: skip
 
 

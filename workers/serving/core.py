@@ -6,6 +6,11 @@ keyed by policy like the requests, land on the partition this engine consumes (R
 
 The worker (workers.serving.worker) feeds it events from the topics and publishes what it
 returns; the sweep benchmark drives it directly.
+
+Work done after a request's record was handled (its cold load, the wave that answers it: the
+worker's ``before_commit``) logs with that request's correlation id bound, so one request can be
+followed by its correlation id from the gateway through the engine to its result. Metrics:
+workers.serving.metrics.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from schemas.events import (
     LoadFailed,
     LoadRequested,
 )
+from schemas.logs import bound_event
+from workers.serving import metrics
 from workers.serving.engine import GenRequest
 from workers.serving.exceptions import EngineError, LoadError
 from workers.serving.resolution import ResolutionCache
@@ -47,6 +54,12 @@ class Pending:
     received: float = field(default_factory=time.perf_counter)
     load_wait_ms: float = 0.0
     cold: bool = False
+
+
+def _bound(env: Envelope[Any]):
+    """Bind ``env``'s ids to every log line inside (as the consumer loop does for a record)."""
+    return bound_event(event_id=str(env.event_id), type=env.type, policy=env.policy_id,
+                       correlation_id=str(env.correlation_id))  # fmt: skip
 
 
 def ref_text(env: Envelope[InferRequested]) -> str:
@@ -139,38 +152,48 @@ class ServingCore:
             envs = sorted(envs, key=lambda e: (-self.waiting.demand(e.payload.adapter_digest),
                                                -e.payload.priority))  # fmt: skip
         out: list[Envelope[Any]] = []
+        loaded = 0
         for env in envs:
-            p = env.payload
-            mine = p.engine_id in (None, self.engine_id)
-            if not mine and self.waiting.demand(p.adapter_digest) == 0:
-                self.stats["loads_skipped"] += 1
-                continue
-            if self.ws.resident(p.adapter_digest) and self.waiting.demand(p.adapter_digest) == 0:
-                continue  # asked twice (a redelivery, or requests dropped and asked again)
-            aref = AdapterRef(env.tenant, env.policy, p.revision, p.adapter_digest, p.store_uri)
-            t0 = time.perf_counter()
-            try:
-                if p.base_model != self.base_model:
-                    raise LoadError(
-                        f"load of {aref.digest} asks for base model {p.base_model!r} but engine "
-                        f"{self.engine_id} serves {self.base_model!r}; route it to that model"
-                    )
-                self.ws.ensure(aref)
-            except LoadError as e:
-                out.append(self._event(env, LoadFailed(engine_id=self.engine_id, revision=p.revision,
-                                                       adapter_digest=aref.digest,
-                                                       error=f"{type(e).__name__}: {e}"[:4096],
-                                                       retryable=e.retryable)))  # fmt: skip
-                out += self._fail_waiting(aref.digest, f"{type(e).__name__}: {e}", e.retryable)
-                continue
-            ms = (time.perf_counter() - t0) * 1000
-            out.append(self._event(env, AdapterLoaded(engine_id=self.engine_id,
-                                                      revision=p.revision,
-                                                      adapter_digest=aref.digest,
-                                                      tier="cpu", load_ms=ms)))  # fmt: skip
-            self._release(aref.digest)
-            # Serve the released requests now, before a later load of this wave could evict them.
-            out += self.serve()
+            with _bound(env):
+                p = env.payload
+                mine = p.engine_id in (None, self.engine_id)
+                if not mine and self.waiting.demand(p.adapter_digest) == 0:
+                    self.stats["loads_skipped"] += 1
+                    continue
+                if (
+                    self.ws.resident(p.adapter_digest)
+                    and self.waiting.demand(p.adapter_digest) == 0
+                ):
+                    continue  # asked twice (a redelivery, or requests dropped and asked again)
+                aref = AdapterRef(env.tenant, env.policy, p.revision, p.adapter_digest, p.store_uri)
+                t0 = time.perf_counter()
+                try:
+                    if p.base_model != self.base_model:
+                        raise LoadError(
+                            f"load of {aref.digest} asks for base model {p.base_model!r} but engine "
+                            f"{self.engine_id} serves {self.base_model!r}; route it to that model"
+                        )
+                    self.ws.ensure(aref)
+                except LoadError as e:
+                    out.append(self._event(env, LoadFailed(
+                        engine_id=self.engine_id, revision=p.revision, adapter_digest=aref.digest,
+                        error=f"{type(e).__name__}: {e}"[:4096], retryable=e.retryable)))  # fmt: skip
+                    out += self._fail_waiting(aref.digest, f"{type(e).__name__}: {e}", e.retryable)
+                    continue
+                ms = (time.perf_counter() - t0) * 1000
+                loaded += 1
+                log.info("adapter loaded", revision=p.revision, digest=aref.digest,
+                         load_ms=round(ms, 1), waiting=self.waiting.demand(aref.digest))  # fmt: skip
+                out.append(self._event(env, AdapterLoaded(engine_id=self.engine_id,
+                                                          revision=p.revision,
+                                                          adapter_digest=aref.digest,
+                                                          tier="cpu", load_ms=ms)))  # fmt: skip
+                self._release(aref.digest)
+                # Serve the released requests now, before a later load of this wave could evict
+                # them.
+                out += self.serve()
+        if loaded:
+            metrics.LOAD_WAVE.observe(loaded)
         return out
 
     def drop(self, event_ids: set[Any]) -> int:
@@ -206,11 +229,17 @@ class ServingCore:
                                         f"{e}", it=it))  # fmt: skip
                 continue
             p = it.env.payload
+            turns = tuple(m.model_dump() for m in p.messages) if p.messages else None
             batch.append((it, GenRequest(p.prompt, p.max_tokens, p.temperature, p.seed,
-                                         lora=handle, chat=p.chat)))  # fmt: skip
+                                         logprobs=p.logprobs, lora=handle, chat=p.chat,
+                                         messages=turns, top_p=p.top_p,
+                                         stop=tuple(p.stop))))  # fmt: skip
         if not batch:
             return out
-        self.ws.used_in_batch(list(dict.fromkeys(it.ref.digest for it, _ in batch)))
+        adapters = list(dict.fromkeys(it.ref.digest for it, _ in batch))
+        self.ws.used_in_batch(adapters)
+        metrics.WAVE_REQUESTS.observe(len(batch))
+        metrics.WAVE_ADAPTERS.observe(len(adapters))
         t0 = time.perf_counter()
         try:
             results = self.engine.generate([g for _, g in batch])
@@ -218,19 +247,27 @@ class ServingCore:
             return out + [self._failed(it.env, ref_text(it.env), "generate", str(e), it=it)
                           for it, _ in batch]  # fmt: skip
         gen_ms = (time.perf_counter() - t0) * 1000
+        metrics.GENERATE_SECONDS.observe(gen_ms / 1000)
         self.stats["waves"] += 1
         for (it, _), res in zip(batch, results, strict=True):
             s = res.samples[0]
             queued = max(0.0, (t0 - it.received) * 1000 - it.load_wait_ms)
+            latency_ms = (time.perf_counter() - it.received) * 1000
             out.append(self._event(it.env, InferCompleted(
                 request_id=it.env.payload.request_id, revision=it.ref.revision,
                 adapter_digest=it.ref.digest, engine_id=self.engine_id, text=s.text,
                 finish_reason="stop" if s.finish_reason == "stop" else "length",
                 prompt_tokens=len(res.prompt_token_ids), completion_tokens=len(s.token_ids),
-                latency_ms=(time.perf_counter() - it.received) * 1000, cold_load=it.cold,
+                latency_ms=latency_ms, cold_load=it.cold,
                 alias=it.alias, token_ids=s.token_ids, queued_ms=queued,
-                loading_ms=it.load_wait_ms, generating_ms=gen_ms)))  # fmt: skip
+                loading_ms=it.load_wait_ms, generating_ms=gen_ms,
+                logprobs=s.logprobs if it.env.payload.logprobs else None)))  # fmt: skip
             self.stats["completed"] += 1
+            (metrics.INFER_COLD if it.cold else metrics.INFER_WARM).observe(latency_ms / 1000)
+            with _bound(it.env):  # answered later than handled: the request's ids again
+                log.info("request answered", request_id=it.env.payload.request_id,
+                         revision=it.ref.revision, cold_load=it.cold,
+                         latency_ms=round(latency_ms, 1), wave=len(batch))  # fmt: skip
         return out
 
     # Helpers.
@@ -252,8 +289,10 @@ class ServingCore:
                 t0: float | None = None, retryable: bool = False) -> Envelope[Any]:  # fmt: skip
         started = it.received if it else (t0 or time.perf_counter())
         self.stats["failed"] += 1
-        log.warning("request failed", request_id=env.payload.request_id, ref=ref, stage=stage,
-                    error=error[:300])  # fmt: skip
+        metrics.INFER_FAILURES.labels(stage).inc()
+        with _bound(env):
+            log.warning("request failed", request_id=env.payload.request_id, ref=ref, stage=stage,
+                        error=error[:300])  # fmt: skip
         return self._event(env, InferFailed(
             request_id=env.payload.request_id, ref=ref, stage=stage, error=error[:4096],
             revision=it.ref.revision if it else None,

@@ -16,6 +16,7 @@ from catalog.repository import CatalogRepository
 from catalog.store import AdapterStore
 from schemas.logs import configure_logging
 from schemas.settings import MintSettings
+from streams import health
 from streams.consumer import stop_on_signals
 from streams.topics import ensure_topics
 from workers.serving.core import ServingCore
@@ -45,6 +46,7 @@ def build(settings: MintSettings, config: EngineConfig, cache_dir: Path, ttl_s: 
 def serve_main(settings: MintSettings, config: EngineConfig, cache_dir: Path, base_model: str,
                *, fifo: bool = False):  # fmt: skip
     configure_logging(settings.log_level, settings.log_format)
+    health.serve(settings.metrics_port)  # up while the engine starts (MINT_METRICS_PORT)
     engine, ws, resolver, _, cluster = build(settings, config, cache_dir)
     core = ServingCore(engine, ws, resolver, engine_id=config.engine_id, base_model=base_model,
                        max_num_seqs=config.max_num_seqs, fifo=fifo)  # fmt: skip
@@ -59,6 +61,7 @@ def serve_main(settings: MintSettings, config: EngineConfig, cache_dir: Path, ba
 
 def rollout_main(settings: MintSettings, config: EngineConfig, cache_dir: Path):
     configure_logging(settings.log_level, settings.log_format)
+    health.serve(settings.metrics_port)
     engine, ws, resolver, store, cluster = build(settings, config, cache_dir)
     core = RolloutCore(engine, ws, resolver, store, engine_id=config.engine_id)
     try:

@@ -7,7 +7,8 @@
 - gpu: the adapters of the latest batches (``max_loras``); vLLM activates them per step, the
   scheduler never puts more than ``max_loras`` distinct adapters in one batch.
 
-Counters: hits, misses, loads, evictions (cpu and disk), failures.
+Counters: hits, misses, loads, evictions (cpu and disk), failures; the same as Prometheus
+metrics per tier (workers.serving.metrics).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import structlog
 from catalog.artifacts import MANIFEST_FILE
 from catalog.exceptions import AdapterCorrupted, AdapterNotFound, BaseModelMismatch, CatalogError
 from catalog.store import AdapterStore, StoredAdapter
+from workers.serving import metrics
 from workers.serving.engine import LoraHandle
 from workers.serving.exceptions import (
     AdapterDigestMismatch,
@@ -117,6 +119,8 @@ class WorkingSet:
         self._disk: OrderedDict[str, Path] = OrderedDict()
         self._ids: dict[int, str] = {}
         self._lock = threading.RLock()
+        metrics.set_capacity(max_loras, max_cpu_loras, max_disk_loras)
+        self._occupancy()
 
     # Queries.
 
@@ -148,14 +152,19 @@ class WorkingSet:
             entry = self._cpu.get(ref.digest)
             if entry is not None:
                 self.counters.hits += 1
+                metrics.HIT["cpu"].inc()
                 self._cpu.move_to_end(ref.digest)
                 return entry.handle
             self.counters.misses += 1
+            metrics.MISS["cpu"].inc()
             try:
                 return self._load(ref)
-            except LoadError:
+            except LoadError as e:
                 self.counters.failures += 1
+                metrics.LOAD_FAILURES.labels(type(e).__name__).inc()
                 raise
+            finally:
+                self._occupancy()
 
     def pin(self, ref: AdapterRef) -> LoraHandle:
         with self._lock:
@@ -178,6 +187,8 @@ class WorkingSet:
             self._ids.pop(entry.handle.lora_id, None)
             self.engine.evict(entry.handle.lora_id)
             self.counters.evictions += 1
+            metrics.EVICTIONS.labels("cpu", reason).inc()
+            self._occupancy()
         log.info("adapter evicted", digest=digest, revision=entry.ref.revision, reason=reason)
         if self.on_evict:
             self.on_evict(entry.ref, "cpu", reason)
@@ -193,17 +204,23 @@ class WorkingSet:
         """Record that a batch ran with these adapters: they hold the GPU slots now."""
         with self._lock:
             for d in digests:
+                (metrics.HIT if d in self._gpu else metrics.MISS)["gpu"].inc()
                 self._gpu[d] = None
                 self._gpu.move_to_end(d)
                 if d in self._cpu:
                     self._cpu.move_to_end(d)
             while len(self._gpu) > self.max_loras:
                 self._gpu.popitem(last=False)
+            self._occupancy()
 
     # Internals.
 
+    def _occupancy(self) -> None:
+        metrics.set_occupancy(len(self._gpu), len(self._cpu), len(self._disk))
+
     def _load(self, ref: AdapterRef) -> LoraHandle:
         t0 = time.perf_counter()
+        fetched = self.counters.disk_fetches
         local = self._fetch(ref)
         manifest = local.manifest
         if manifest.rank > self.max_rank:
@@ -226,6 +243,8 @@ class WorkingSet:
         self._cpu[ref.digest] = Entry(ref, handle, manifest.rank, load_ms)
         self._ids[lora_id] = ref.digest
         self.counters.loads += 1
+        source = "store" if self.counters.disk_fetches > fetched else "disk"
+        metrics.LOADED_FROM[source].observe(load_ms / 1000)
         log.debug("adapter loaded", digest=ref.digest, revision=ref.revision, ms=round(load_ms, 2))
         return handle
 
@@ -245,7 +264,9 @@ class WorkingSet:
         try:
             if local in self._disk.values() or (local / MANIFEST_FILE).is_file():
                 self.counters.disk_hits += 1
+                metrics.HIT["disk"].inc()
             else:
+                metrics.MISS["disk"].inc()
                 src = self.store.open(ref.store_uri, owner=(ref.tenant, ref.policy),
                                       base_model_fingerprint=self.fingerprint)  # fmt: skip
                 self._check_digest(ref, src.digest)
@@ -297,3 +318,4 @@ class WorkingSet:
                 return
             self._drop_disk(victim)
             self.counters.disk_evictions += 1
+            metrics.EVICTIONS.labels("disk", "lru").inc()

@@ -33,8 +33,10 @@ from catalog.store import AdapterStore, StoredAdapter
 from schemas import Envelope, make_event
 from schemas.events import ExportCompleted, UpdateCompleted, UpdateRequested
 from schemas.settings import MintSettings
+from streams import health
 from streams.consumer import ConsumerStats, RetryPolicy, run_consumer, stop_on_signals
 from streams.producer import EventProducer
+from workers.trainer import metrics as trainer_metrics
 from workers.trainer.config import TrainerConfig
 from workers.trainer.data import parse_examples
 from workers.trainer.engine import LoraShape, MultiPolicyTrainer
@@ -83,10 +85,13 @@ class TrainerService:
                 log.info("update_redelivered", request=str(env.event_id),
                          revision=done.get("revision"))  # fmt: skip
                 self._publish(env, done)
+                trainer_metrics.UPDATES.labels("redelivered").inc()
                 return done
             result = self._run(env)
             self._publish(env, result)
             self.store.record_request(env.tenant, env.policy, str(env.event_id), result)
+            trainer_metrics.UPDATES.labels("trained").inc()
+            trainer_metrics.UPDATE_SECONDS.observe(result["duration_s"])
             return result
 
     # The work.
@@ -153,6 +158,7 @@ class TrainerService:
                 result = self.trainer.sft_step(pid, batch, p.learning_rate)
             else:
                 result = self.trainer.rl_step(pid, batch, p.learning_rate)
+            trainer_metrics.observe_step(p.objective, result.seconds, result.tokens)
             losses.append(result.loss)
             metrics = {**result.metrics, "grad_norm": result.grad_norm, "tokens": result.tokens}
         out: dict[str, Any] = {
@@ -316,6 +322,8 @@ def main(
                 raise SystemExit(f"trainer rank {data_parallel.launched_rank()}: {e}") from None
             return
         trainer = data_parallel.start(config, ranks, stop=stop)
+    # Rank 0 only (the others returned above): one port per machine's MINT_METRICS_PORT.
+    health.serve(settings.metrics_port)
     try:
         # The group carries the topic prefix: deployments (and test runs) sharing a broker never
         # share a consumer group, so one never waits on another's rebalance.

@@ -1,0 +1,75 @@
+"""Prometheus metrics of an engine: its working set, cold loads, waves and request latency.
+
+Served with the consumer loop's on ``MINT_METRICS_PORT`` (streams.health). One engine per
+process, so no engine label (Prometheus adds the scrape target's). Children with fixed labels
+are bound here once; the hot paths only observe or increment.
+
+- ``mint_working_set_adapters{tier}``: adapters held per tier (gpu ⊂ cpu; disk: the local cache);
+- ``mint_working_set_slots{tier}``: the tier's capacity (max_loras, max_cpu_loras,
+  max_disk_loras), so occupancy is adapters / slots;
+- ``mint_working_set_lookups_total{tier,result}``: hit or miss per tier: gpu, an adapter of a
+  wave already held a GPU slot; cpu, ``ensure`` found it resident; disk, a CPU miss found the
+  verified files in the local cache (a miss fetches them from the store);
+- ``mint_working_set_evictions_total{tier,reason}``: cpu (lru, requested, shutdown) and disk;
+- ``mint_adapter_load_seconds{source}``: a cold load into the engine (fetch from ``store`` or
+  the local ``disk`` cache, verification, engine load);
+- ``mint_adapter_load_failures_total{error}``: failed loads by error class;
+- ``mint_serving_load_wave_adapters``: adapters loaded per wave of cold loads;
+- ``mint_serving_wave_requests`` / ``mint_serving_wave_adapters``: requests and distinct
+  adapters per generation wave; ``mint_serving_generate_seconds``: one wave's generate call;
+- ``mint_serving_infer_latency_seconds{load}``: request received to answer, ``cold`` (it waited
+  for its adapter's load) or ``warm``;
+- ``mint_serving_infer_failures_total{stage}``: error results by stage (resolve, load, generate).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+TIERS = ("gpu", "cpu", "disk")
+SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+LOAD_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+ADAPTERS = Gauge("mint_working_set_adapters", "adapters the engine holds, per tier (gpu within cpu)",
+                 ["tier"])  # fmt: skip
+SLOTS = Gauge("mint_working_set_slots", "capacity of the tier in adapters", ["tier"])
+LOOKUPS = Counter("mint_working_set_lookups", "working-set lookups per tier and result (hit/miss)",
+                  ["tier", "result"])  # fmt: skip
+EVICTIONS = Counter("mint_working_set_evictions", "adapters evicted, per tier and reason",
+                    ["tier", "reason"])  # fmt: skip
+LOAD_SECONDS = Histogram("mint_adapter_load_seconds",
+                         "cold load of an adapter into the engine (fetch, verify, engine load)",
+                         ["source"], buckets=LOAD_BUCKETS)  # fmt: skip
+LOAD_FAILURES = Counter("mint_adapter_load_failures", "adapter loads that failed, by error class",
+                        ["error"])  # fmt: skip
+LOAD_WAVE = Histogram("mint_serving_load_wave_adapters", "adapters loaded per wave of cold loads",
+                      buckets=SIZE_BUCKETS)  # fmt: skip
+WAVE_REQUESTS = Histogram("mint_serving_wave_requests", "requests per generation wave",
+                          buckets=SIZE_BUCKETS)  # fmt: skip
+WAVE_ADAPTERS = Histogram("mint_serving_wave_adapters", "distinct adapters per generation wave",
+                          buckets=SIZE_BUCKETS)  # fmt: skip
+GENERATE_SECONDS = Histogram("mint_serving_generate_seconds",
+                             "one generation wave's generate call", buckets=LATENCY_BUCKETS)  # fmt: skip
+INFER_LATENCY = Histogram("mint_serving_infer_latency_seconds",
+                          "inference request received to answer built, cold (waited for a load) "
+                          "or warm", ["load"], buckets=LATENCY_BUCKETS)  # fmt: skip
+INFER_FAILURES = Counter("mint_serving_infer_failures", "error results, by stage", ["stage"])
+
+# Bound once: the per-request and per-lookup paths only increment.
+INFER_COLD, INFER_WARM = INFER_LATENCY.labels("cold"), INFER_LATENCY.labels("warm")
+HIT = {tier: LOOKUPS.labels(tier, "hit") for tier in TIERS}
+MISS = {tier: LOOKUPS.labels(tier, "miss") for tier in TIERS}
+HELD = {tier: ADAPTERS.labels(tier) for tier in TIERS}
+LOADED_FROM = {source: LOAD_SECONDS.labels(source) for source in ("disk", "store")}
+
+
+def set_capacity(gpu: int, cpu: int, disk: int) -> None:
+    for tier, n in zip(TIERS, (gpu, cpu, disk), strict=True):
+        SLOTS.labels(tier).set(n)
+
+
+def set_occupancy(gpu: int, cpu: int, disk: int) -> None:
+    HELD["gpu"].set(gpu)
+    HELD["cpu"].set(cpu)
+    HELD["disk"].set(disk)
