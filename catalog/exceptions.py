@@ -33,6 +33,14 @@ class AliasNotFound(NotFound):
     pass
 
 
+class TenantNotFound(NotFound):
+    """The tenant has no access row (``mint tenants create``): it cannot hold API keys."""
+
+
+class KeyNotFound(NotFound):
+    """No API key with that key id (of that tenant)."""
+
+
 class CrossTenantReference(CatalogError, PermissionError):
     """A reference points into another tenant's (or another policy's) catalog."""
 

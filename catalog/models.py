@@ -84,3 +84,35 @@ class AliasMove:
     reason: str
     kind: str  # "promote" | "rollback" (AliasMoved.cause) | "delete"
     event_id: uuid.UUID | None
+
+
+@dataclass(frozen=True)
+class TenantAccess:
+    """A tenant as the gateway knows it; a None rate means the gateway's default."""
+
+    tenant: str
+    created_at: datetime | None
+    created_by: str
+    rate_per_s: float | None
+    burst: int | None
+    is_new: bool = field(default=False, compare=False)
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """A stored API key: its owner and the salted hash of its secret (never the secret)."""
+
+    key_id: str
+    tenant: str
+    name: str
+    kdf: str
+    salt: bytes = field(repr=False)
+    hash: bytes = field(repr=False)
+    created_at: datetime | None
+    created_by: str
+    revoked_at: datetime | None
+    revoked_by: str | None
+
+    @property
+    def revoked(self) -> bool:
+        return self.revoked_at is not None

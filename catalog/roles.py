@@ -20,6 +20,7 @@ ROLES: dict[str, tuple[str, ...]] = {
     "controller": ("SELECT", "MODIFY"),
     "trainer": ("SELECT", "MODIFY"),
     "engine": ("SELECT",),  # serving, rollout and evaluation only read the catalog
+    "gateway": ("SELECT",),  # API keys, tenants' rates, policies (`mint keys` runs as admin)
     "operator": ("SELECT",),
 }
 ADMIN_ROLE = "admin"

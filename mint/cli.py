@@ -128,9 +128,9 @@ def _print_status(settings=None) -> bool:
 
 def _register_commands() -> None:
     # Each area owns one module under mint/commands/ and lists its commands there.
-    from mint.commands import catalog, lifecycle, models, security, streams, workers
+    from mint.commands import catalog, gateway, lifecycle, models, security, streams, workers
 
-    for module in (streams, catalog, models, workers, lifecycle, security):
+    for module in (streams, catalog, models, workers, lifecycle, security, gateway):
         for command in module.COMMANDS:
             main.add_command(command)
 

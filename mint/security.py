@@ -26,9 +26,10 @@ from streams import acls
 log = structlog.get_logger()
 T = TypeVar("T")
 
-# `mint worker <kind>` -> its Kafka principal and Cassandra role (one engine principal for the
-# three vLLM worker kinds: they share an engine and its topics)
-PRINCIPAL_OF = {"evaluator": "engine", "serving": "engine", "rollout": "engine"}
+# `mint worker <kind>` (and `mint gateway`) -> its Kafka principal and Cassandra role (one engine
+# principal for the three vLLM worker kinds: they share an engine and its topics)
+PRINCIPAL_OF = {"evaluator": "engine", "serving": "engine", "rollout": "engine",
+                "gateway": "gateway"}  # fmt: skip
 
 
 def secret_names() -> list[str]:

@@ -8,6 +8,8 @@ host several deployments without one reading another's topics.
 - each worker reads the topics it consumes, writes the ones it produces (and the dead-letter
   topic), joins only consumer groups named ``<prefix>-<its groups>``, and may create and describe
   (never read or write) the deployment's other topics, so that ``ensure_topics`` works;
+- ``gateway`` (the OpenAI front door) writes ``infer.requests`` and reads ``infer.results``
+  without a consumer group;
 - ``upstream`` (systems that submit work) writes only the request topics;
 - ``downstream`` (systems that take serving results) reads only ``infer.results``, in groups
   ``<prefix>-downstream*``;
@@ -52,6 +54,9 @@ PRINCIPALS: dict[str, Grants] = {
         writes=("infer.results", "load.requests", "load.events", "rollout.results",
                 "eval.results", "dlq"),
         groups=("serving", "rollout", "evaluator")),
+    # The OpenAI gateway (`mint gateway`): asks the engines, follows their answers without a
+    # group (each instance takes only its own; gateway/README.md).
+    "gateway": Grants(reads=("infer.results",), writes=("infer.requests",)),
     "upstream": Grants(writes=REQUESTS),
     "downstream": Grants(reads=("infer.results",), groups=("downstream",)),
 }  # fmt: skip

@@ -3,7 +3,7 @@
 from schemas.events.dead_letter import DeadLetter
 from schemas.events.evaluation import EvalCompleted, EvalRequested, Threshold, threshold_failures
 from schemas.events.export import ExportCompleted
-from schemas.events.inference import InferCompleted, InferFailed, InferRequested
+from schemas.events.inference import ChatTurn, InferCompleted, InferFailed, InferRequested
 from schemas.events.lifecycle import PolicyConfigured
 from schemas.events.load import AdapterEvicted, AdapterLoaded, LoadFailed, LoadRequested
 from schemas.events.rollout import RolloutCompleted, RolloutRequested
@@ -14,6 +14,7 @@ __all__ = [
     "AdapterEvicted",
     "AdapterLoaded",
     "AliasMoved",
+    "ChatTurn",
     "DeadLetter",
     "EvalCompleted",
     "EvalRequested",

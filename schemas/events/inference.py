@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from schemas.envelope import Command, Payload
 from schemas.names import AliasName, Digest
 
 REQUEST_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+MAX_PROMPT_CHARS = 200_000
+StopText = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+
+
+class ChatTurn(BaseModel):
+    """One turn of a conversation, rendered by the base model's chat template on the engine."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    role: Literal["system", "user", "assistant"]
+    content: str = Field(max_length=MAX_PROMPT_CHARS)
 
 
 class InferRequested(Command):
@@ -21,12 +32,39 @@ class InferRequested(Command):
     request_id: str = Field(pattern=REQUEST_ID_RE, description="caller's id, echoed back")
     alias: AliasName = "prod"
     revision: int | None = Field(None, ge=1, description="pin a revision instead of the alias")
-    prompt: str = Field(min_length=1, max_length=200_000)
+    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
     max_tokens: int = Field(64, ge=1, le=32768)
     temperature: float = Field(0.0, ge=0.0, le=10.0)
     seed: int | None = None
     # Added (optional, backward compatible): instruct models answer a user turn, not raw text.
     chat: bool = Field(False, description="render prompt as one user turn of the chat template")
+    # Added (optional, backward compatible) for the OpenAI-compatible gateway. An engine built
+    # before these fields refuses a request that carries them (commands forbid unknown fields):
+    # upgrade the engines before the producers.
+    messages: list[ChatTurn] | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="with chat: the whole conversation for the chat template (prompt is then "
+        "its last user turn, kept for readers and logs)",
+    )
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling: probability mass")
+    stop: list[StopText] = Field(
+        default_factory=list, max_length=4, description="stop before any of these strings"
+    )
+    logprobs: bool = Field(False, description="return the log-probability of each sampled token")
+
+    @model_validator(mode="after")
+    def _messages_need_chat(self) -> InferRequested:
+        if self.messages is not None:
+            if not self.chat:
+                raise ValueError("messages need chat=true (they are rendered by the template)")
+            total = sum(len(m.content) for m in self.messages)
+            if total > MAX_PROMPT_CHARS:
+                raise ValueError(
+                    f"messages hold {total} characters; at most {MAX_PROMPT_CHARS} together"
+                )
+        return self
 
 
 class InferCompleted(Payload):
@@ -51,6 +89,9 @@ class InferCompleted(Payload):
     queued_ms: float = Field(0.0, ge=0.0, description="waiting for an engine slot")
     loading_ms: float = Field(0.0, ge=0.0, description="waiting for the adapter's cold load")
     generating_ms: float = Field(0.0, ge=0.0, description="inside the engine's generate")
+    logprobs: list[float] | None = Field(
+        None, description="log-probability of each completion token (when the request asked)"
+    )
 
 
 class InferFailed(Payload):

@@ -62,6 +62,10 @@ def test_every_worker_group_and_source_topic_is_granted(acls) -> None:
         ("trainer", "READ", "serving.commands"),
         ("operator", "WRITE", "export.events"),  # revisions come from the trainer only
         ("operator", "WRITE", "serving.events"),
+        ("gateway", "WRITE", "infer.results"),  # answers come from the engines only
+        ("gateway", "READ", "infer.requests"),
+        ("gateway", "WRITE", "serving.commands"),
+        ("gateway", "WRITE", "rollout.requests"),
     ],
 )
 def test_refused(acls, principal: str, op: str, topic: str) -> None:
@@ -88,3 +92,13 @@ def test_every_principal_has_a_known_role_or_none() -> None:
     assert set(PRINCIPALS) <= set(ALL_PRINCIPALS)
     assert set(ROLES) <= set(ALL_PRINCIPALS)
     assert ROLES["engine"] == ("SELECT",)  # engines never write the catalog
+
+
+def test_gateway_asks_engines_and_follows_answers_without_a_group(acls) -> None:
+    from mint.security import PRINCIPAL_OF
+
+    assert PRINCIPAL_OF["gateway"] == "gateway" and ROLES["gateway"] == ("SELECT",)
+    assert _allowed(acls, "gateway", "WRITE", "TOPIC", "t1.infer.requests")
+    assert _allowed(acls, "gateway", "READ", "TOPIC", "t1.infer.results")
+    assert not any(_allowed(acls, "gateway", "READ", "GROUP", f"t1-{g}")
+                   for g in ("serving", "downstream", "gateway", "operator"))  # fmt: skip

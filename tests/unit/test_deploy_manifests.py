@@ -9,6 +9,7 @@ stand-ins for the images' programs.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -102,6 +103,8 @@ def _expected_principal(commands: list[list[str]]) -> str | None:
     for argv in commands:
         if argv[:2] == ["mint", "worker"]:
             return PRINCIPAL_OF.get(argv[2], argv[2])
+        if argv[:2] == ["mint", "gateway"]:
+            return PRINCIPAL_OF["gateway"]
     for argv in commands:
         if argv[1:3] == ["security", "apply"] or argv[1:2] in (["topics"], ["catalog"]):
             return ADMIN
@@ -277,6 +280,24 @@ def test_every_worker_is_deployed_in_compose_and_k8s(compose, k8s) -> None:
     assert workers and in_compose == workers and in_k8s == workers
 
 
+def test_the_gateway_is_deployed_behind_a_service_on_its_port(compose, k8s) -> None:
+    svc = compose["services"]["mint-gateway"]
+    argv = svc["command"]
+    assert argv[:2] == ["mint", "gateway"] and argv[argv.index("--host") + 1] == "0.0.0.0"
+    port = int(argv[argv.index("--port") + 1])
+    assert svc["ports"] == [f"{port}:{port}"] and "/healthz" in " ".join(svc["healthcheck"]["test"])
+    (deployment,) = [d for d in k8s if d["kind"] == "Deployment"
+                     and d["metadata"]["name"] == "mint-gateway"]  # fmt: skip
+    (c,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert c["command"] == argv and c["ports"] == [{"name": "http", "containerPort": port}]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    (service,) = [d for d in k8s if d["kind"] == "Service"
+                  and d["metadata"]["name"] == "mint-gateway"]  # fmt: skip
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"] == labels
+    assert service["spec"]["ports"] == [{"name": "http", "port": port, "targetPort": "http"}]
+
+
 # -- credentials on by default ----------------------------------------------------------------
 
 
@@ -317,7 +338,7 @@ def test_compose_each_service_runs_as_its_own_principal(compose) -> None:
         assert mount["volume"]["subpath"] == ("all" if setup else principal), name
         if setup:
             assert f"--dir {folder}" in " ".join(svc["command"]), name
-    assert set(principals.values()) == {ADMIN, *(PRINCIPAL_OF.get(k, k) for k in _workers())}
+    assert set(principals.values()) == _service_principals()
     # the broker mounts its folder of Kafka passwords, Cassandra none
     (broker_mount,) = _secret_mounts(compose["services"]["kafka"])
     assert broker_mount["volume"]["subpath"] == "broker" and broker_mount["read_only"] is True
@@ -326,6 +347,11 @@ def test_compose_each_service_runs_as_its_own_principal(compose) -> None:
 
 def _workers() -> set[str]:
     return set(mint_cli.commands["worker"].commands)
+
+
+def _service_principals() -> set[str]:
+    """Who the deployed containers run as: the set-up, each worker kind, the gateway."""
+    return {ADMIN, *(PRINCIPAL_OF.get(k, k) for k in _workers()), PRINCIPAL_OF["gateway"]}
 
 
 def _fake_mint(bin_dir: Path) -> None:
@@ -399,7 +425,7 @@ def test_k8s_each_container_runs_as_its_own_principal(k8s) -> None:
         assert {i["key"] for i in secret["items"]} == _own_files(principal), where
         assert all(i["path"] == i["key"] for i in secret["items"]), where
     assert len(whole_secret) == 1
-    assert set(principals.values()) == {ADMIN, *(PRINCIPAL_OF.get(k, k) for k in _workers())}
+    assert set(principals.values()) == _service_principals()
 
 
 # -- Kafka -------------------------------------------------------------------------------------
@@ -604,3 +630,191 @@ def test_no_password_literal_in_any_manifest(compose, k8s) -> None:
         assert not [k for k in env if k.upper().endswith(("PASSWORD", "SECRET"))], env
     for d in k8s:
         assert d["kind"] != "Secret" or not (d.get("data") or d.get("stringData"))
+
+
+# -- metrics: every worker scraped, the dashboard asks for defined metrics ---------------------
+
+PROMETHEUS = DEPLOY / "prometheus"
+GRAFANA = DEPLOY / "grafana"
+DASHBOARD = GRAFANA / "mint-dashboard.json"
+METRIC_NAME = re.compile(r"\bmint_[a-z0-9_]+")
+
+
+def _metric_modules() -> list[str]:
+    """Every module that defines MinT metrics: streams' and each worker package's metrics.py."""
+    found = [f"workers.{p.parent.name}.metrics" for p in sorted(ROOT.glob("workers/*/metrics.py"))]
+    return ["streams.health", "streams.metrics", *found]
+
+
+def _defined_metrics(gateway: bool = True) -> dict[str, tuple[str, set[str]]]:
+    """family name -> (type, the sample names Prometheus stores for it), of every mint_ metric:
+    the workers' (the process registry) and the gateway's (a registry per instance)."""
+    import importlib
+
+    from prometheus_client import REGISTRY
+
+    for module in _metric_modules():
+        importlib.import_module(module)
+    families = list(REGISTRY.collect())
+    if gateway:
+        from gateway.metrics import GatewayMetrics
+
+        families += GatewayMetrics().registry.collect()
+    suffixes = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count")}
+    return {
+        m.name: (m.type, {m.name + s for s in suffixes[m.type]})
+        for m in families
+        if m.name.startswith("mint_")
+    }
+
+
+def _metrics_port(argv: list[str], settings: MintSettings) -> int | None:
+    """Where a container serves /metrics: a worker on MINT_METRICS_PORT, the gateway beside its
+    API on its own --port; None: it serves none (one-shot set-up)."""
+    if argv[:2] == ["mint", "worker"]:
+        return settings.metrics_port
+    if argv[:2] == ["mint", "gateway"]:
+        return int(argv[argv.index("--port") + 1])
+    return None
+
+
+def _exprs(dashboard: dict) -> list[str]:
+    out = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    for var in dashboard["templating"]["list"]:
+        if var["type"] == "query":
+            out.append(var["query"]["query"] if isinstance(var["query"], dict) else var["query"])
+    return out
+
+
+def test_dashboard_queries_only_metrics_the_code_defines_and_charts_them_all() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    defined = _defined_metrics()
+    samples = set().union(*(names for _, names in defined.values()))
+    used = {name for expr in _exprs(dashboard) for name in METRIC_NAME.findall(expr)}
+    assert used, "the dashboard queries no mint_ metric"
+    assert used <= samples, f"queried but defined nowhere: {sorted(used - samples)}"
+    charted = {family for family, (_, names) in defined.items() if names & used}
+    assert charted == set(defined), f"defined but not on the dashboard: {set(defined) - charted}"
+    for expr in _exprs(dashboard):  # counters are read as rates, never as raw totals
+        for name in re.findall(r"\bmint_[a-z0-9_]+_total\b", expr):
+            assert re.search(rf"(rate|increase)\({name}\b", expr), expr
+    for panel in dashboard["panels"]:
+        if panel["type"] != "row":
+            assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+        for target in panel.get("targets", []):  # a worker's metrics follow the job selector
+            if "mint_gateway_" not in target["expr"]:
+                assert target["expr"].count("mint_") == target["expr"].count('job=~"$job"')
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_every_metric_is_documented() -> None:
+    workers = _defined_metrics(gateway=False)
+    docs = {DEPLOY / "README.md": workers,
+            ROOT / "gateway" / "README.md": {k: v for k, v in _defined_metrics().items()
+                                             if k not in workers}}  # fmt: skip
+    for path, metrics in docs.items():
+        text = path.read_text()
+        for family, (kind, _) in metrics.items():
+            name = f"{family}_total" if kind == "counter" else family
+            assert f"`{name}" in text, f"{path.relative_to(ROOT)} does not list {name}"
+
+
+def test_compose_scrapes_every_worker_on_its_metrics_port(compose, monkeypatch) -> None:
+    config = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())
+    jobs = {
+        name: sd["port"]
+        for job in config["scrape_configs"]
+        for sd in job.get("dns_sd_configs", [])
+        for name in sd["names"]
+    }
+    served = {}
+    for name, svc in _mint_services(compose).items():
+        settings = _settings_from(svc["environment"], monkeypatch)
+        ports = {_metrics_port(argv, settings) for argv in _mint_commands(svc["command"])} - {None}
+        if ports:
+            (served[name],) = ports
+    workers = {n for n, s in _mint_services(compose).items()
+               if _deployed_workers(_mint_commands(s["command"]))}  # fmt: skip
+    assert workers and workers < set(served), "every worker serves metrics, and the gateway"
+    assert set(served) == set(jobs), "a scrape job per service that serves metrics, no other"
+    for name, port in served.items():
+        assert jobs[name] == port, f"{name} serves metrics on {port}, scraped on {jobs[name]}"
+    prometheus, grafana = compose["services"]["prometheus"], compose["services"]["grafana"]
+    mounts = dict(v.split(":")[:2] for v in prometheus["volumes"] if v.startswith("./"))
+    assert (DEPLOY / "prometheus/prometheus.yml").resolve() == (
+        DEPLOY / next(k for k, v in mounts.items() if v == "/etc/prometheus/prometheus.yml")
+    ).resolve()
+    assert f"--config.file={mounts['./prometheus/prometheus.yml']}" in prometheus["command"]
+    grafana_mounts = dict(v.split(":")[:2] for v in grafana["volumes"] if v.startswith("./"))
+    provisioning = grafana_mounts["./grafana/provisioning"]
+    assert provisioning == "/etc/grafana/provisioning"
+    dashboards = yaml.safe_load((GRAFANA / "provisioning/dashboards/mint.yml").read_text())
+    (provider,) = dashboards["providers"]
+    assert grafana_mounts["./grafana/mint-dashboard.json"] == (
+        f"{provider['options']['path']}/{DASHBOARD.name}"
+    )
+    sources = yaml.safe_load((GRAFANA / "provisioning/datasources/prometheus.yml").read_text())
+    (source,) = sources["datasources"]
+    port = prometheus["ports"][0].split(":")[-1]
+    assert source["type"] == "prometheus" and source["url"] == f"http://prometheus:{port}"
+
+
+def test_k8s_every_worker_pod_is_annotated_for_scraping_on_its_metrics_port(k8s) -> None:
+    cm = _configmap(k8s, "mint-settings")
+    settings = MintSettings(metrics_port=int(cm["data"]["MINT_METRICS_PORT"]))
+    workers = gateways = 0
+    for d in k8s:
+        if d["kind"] != "Deployment":
+            continue
+        template = d["spec"]["template"]
+        for c in template["spec"]["containers"]:
+            port = _metrics_port(c.get("command", []), settings)
+            if port is None:
+                continue
+            where = d["metadata"]["name"]
+            assert "MINT_METRICS_PORT" not in _env(c), f"{where}: the ConfigMap's port"
+            notes = template["metadata"].get("annotations", {})
+            assert notes.get("prometheus.io/scrape") == "true", where
+            assert notes.get("prometheus.io/port") == str(port), where
+            assert notes.get("prometheus.io/path", "/metrics") == "/metrics", where
+            assert port in [p["containerPort"] for p in c.get("ports", [])], where
+            if _deployed_workers([c["command"]]):
+                workers += 1
+                ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+                assert ports.get("metrics") == port, where
+                probe = c["readinessProbe"]["httpGet"]
+                assert probe["path"] == "/readyz" and probe["port"] == "metrics", where
+            else:
+                gateways += 1
+    assert workers == len(_workers()) and gateways == 1
+    # Prometheus: the scrape config is deploy/prometheus/prometheus-k8s.yml, keeping the pods so
+    # annotated, on the annotated port, and may list the pods of its namespace.
+    text = (PROMETHEUS / "prometheus-k8s.yml").read_text()
+    assert _configmap(k8s, "prometheus-config")["data"] == {"prometheus.yml": text}
+    (job,) = yaml.safe_load(text)["scrape_configs"]
+    (sd,) = job["kubernetes_sd_configs"]
+    assert sd["role"] == "pod" and sd["namespaces"] == {"own_namespace": True}
+    relabel = {tuple(r["source_labels"]): r for r in job["relabel_configs"]}
+    keep = relabel[("__meta_kubernetes_pod_annotation_prometheus_io_scrape",)]
+    assert keep["action"] == "keep" and keep["regex"] == "true"
+    address = relabel[
+        ("__meta_kubernetes_pod_ip", "__meta_kubernetes_pod_annotation_prometheus_io_port")
+    ]
+    assert address["target_label"] == "__address__"
+    assert re.fullmatch(address["regex"], f"10.0.0.7;{settings.metrics_port}")
+    (deployment,) = [
+        d for d in k8s if d["kind"] == "Deployment" and d["metadata"]["name"] == "prometheus"
+    ]
+    pod = deployment["spec"]["template"]["spec"]
+    (role,) = [d for d in k8s if d["kind"] == "Role" and d["metadata"]["name"] == "prometheus"]
+    (binding,) = [d for d in k8s if d["kind"] == "RoleBinding"]
+    assert binding["roleRef"]["name"] == "prometheus"
+    assert binding["subjects"][0]["name"] == pod["serviceAccountName"]
+    assert {"list", "watch"} <= set(role["rules"][0]["verbs"])
+    assert "pods" in role["rules"][0]["resources"]
+    (c,) = pod["containers"]
+    assert "--config.file=/etc/prometheus/prometheus.yml" in c["args"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == "/etc/prometheus"]
+    assert volumes[mount["name"]]["configMap"]["name"] == "prometheus-config"

@@ -72,6 +72,10 @@ class GenRequest:
     logprobs: bool = False
     lora: LoraHandle | None = None
     chat: bool = False  # render a text prompt as one user turn of the model's chat template
+    # With chat: the whole conversation ({"role", "content"} turns) instead of one user turn.
+    messages: tuple[dict[str, str], ...] | None = None
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
 
 
 @dataclass
@@ -175,8 +179,10 @@ class VllmEngine:
             SamplingParams(
                 n=r.n,
                 temperature=r.temperature,
+                top_p=r.top_p,
                 max_tokens=r.max_tokens,
                 seed=r.seed,
+                stop=list(r.stop) or None,
                 logprobs=0 if r.logprobs else None,  # 0: the sampled token's own logprob
             )
             for r in requests
@@ -230,12 +236,16 @@ class VllmEngine:
                               lora_request=[loras[k] for k in warm], use_tqdm=False)  # fmt: skip
 
     def render(self, r: GenRequest) -> str:
-        """The text vLLM sees: the prompt itself, or one user turn of the chat template."""
+        """The text vLLM sees: the prompt itself, or the chat template over the conversation
+        (``messages``, else the prompt as one user turn)."""
         if not r.chat or not isinstance(r.prompt, str):
             return r.prompt  # type: ignore[return-value]
+        turns = [dict(m) for m in r.messages] if r.messages else [
+            {"role": "user", "content": r.prompt}
+        ]  # fmt: skip
         try:
             return self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": r.prompt}], tokenize=False, add_generation_prompt=True
+                turns, tokenize=False, add_generation_prompt=True
             )
         except Exception as e:  # transformers raises ValueError when the template is missing
             raise EngineError(

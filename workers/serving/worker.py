@@ -98,7 +98,8 @@ class ServingWorker:
         its partitions, and so its warm adapters' traffic, back without a rebalance."""
         self.settings, self.core, self.group = settings, core, group
         self.stop = stop or threading.Event()
-        self.producer = EventProducer(settings, client_id=f"serving-{core.engine_id}")
+        # linger 0: an answer is sent at once (the default 5 ms wait is on every reply's path)
+        self.producer = EventProducer(settings, client_id=f"serving-{core.engine_id}", linger_ms=0)
         self._outbox: list[Envelope[Any]] = []
         self._loads_queued: list[tuple[TopicPartition, Envelope[LoadRequested]]] = []
         self._request_partition: dict[Any, TopicPartition] = {}  # held request event id -> tp

@@ -1,0 +1,157 @@
+"""One gateway instance without its HTTP layer: authenticate, admit (rate), find the model,
+ask the engines, check their answers. The catalog and the engines come in through two small
+interfaces, so unit tests drive it with fakes and ``gateway.main`` with Cassandra and Kafka.
+
+Everything kept here is a cache or a per-instance bucket: an instance that dies loses nothing
+another instance needs, and a new one starts cold and correct.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable, Hashable
+from typing import Any, Protocol, TypeVar
+
+from catalog.models import ApiKey, TenantAccess
+from gateway.auth import Authenticator, Caller
+from gateway.cache import MISSING, Cached
+from gateway.config import GatewayConfig
+from gateway.directory import ModelEntry
+from gateway.errors import BadRequest, ModelNotFound, RateLimited, Unauthorized
+from gateway.metrics import GatewayMetrics
+from gateway.ratelimit import RateLimiter, retry_after
+from gateway.refs import ModelRef
+from gateway.responses import check_answers
+from schemas.envelope import Envelope, make_event
+from schemas.events import InferCompleted, InferRequested
+from schemas.exceptions import EventValidationError
+
+V = TypeVar("V")
+NEGATIVE_TTL_S = 2.0  # a policy or digest created just now is found within this
+
+
+class Catalog(Protocol):
+    """Blocking catalog reads (gateway.directory.CatalogDirectory, or a fake)."""
+
+    def key(self, key_id: str) -> ApiKey | None: ...
+    def tenant(self, tenant: str) -> TenantAccess | None: ...
+    def policy_exists(self, tenant: str, policy: str) -> bool: ...
+    def revision_of_digest(self, tenant: str, policy: str, digest: str) -> int | None: ...
+    def models(self, tenant: str) -> list[ModelEntry]: ...
+
+
+class Engines(Protocol):
+    """The engines behind Kafka (gateway.dispatch.KafkaEngines, or a fake)."""
+
+    request_prefix: str  # every request id of this instance starts with it
+
+    @property
+    def healthy(self) -> bool: ...
+    def start(self) -> None: ...
+    def close(self) -> None: ...
+    async def submit(self, envs: list[Envelope[InferRequested]],
+                     timeout_s: float) -> list[Envelope[Any]]: ...  # fmt: skip
+
+
+class Gateway:
+    def __init__(self, config: GatewayConfig, catalog: Catalog, engines: Engines, *,
+                 metrics: GatewayMetrics | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 on_close: Callable[[], None] | None = None) -> None:  # fmt: skip
+        self.config, self.catalog, self.engines = config, catalog, engines
+        self.metrics = metrics or GatewayMetrics()
+        self.producer_name = f"gateway/{config.instance_id}"
+        self.auth = Authenticator(catalog.key, config.key_ttl_s, clock=clock)
+        self.limiter = RateLimiter(clock=clock)
+        ttl = config.catalog_ttl_s
+        short = min(ttl, NEGATIVE_TTL_S)
+        self._tenants = Cached(catalog.tenant, ttl, clock=clock)
+        self._policies = Cached(lambda k: catalog.policy_exists(*k), ttl, clock=clock,
+                                ttl_of=lambda found: ttl if found else short)  # fmt: skip
+        # A digest names one revision forever; only "not found" may change.
+        self._digests = Cached(lambda k: catalog.revision_of_digest(*k), 24 * 3600.0,
+                               clock=clock, ttl_of=lambda rev: 24 * 3600.0 if rev else short)  # fmt: skip
+        self._models = Cached(catalog.models, ttl, clock=clock)
+        self._on_close = on_close
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        self.engines.start()
+
+    def close(self) -> None:
+        self.engines.close()
+        if self._on_close is not None:
+            self._on_close()
+
+    # ------------------------------------------------------------------ steps of a request
+
+    async def _cached(self, cached: Cached[V], key: Hashable) -> V:
+        value = cached.peek(key)
+        if value is MISSING:  # a catalog read: off the event loop
+            value = await asyncio.to_thread(cached.load, key)
+        return value  # type: ignore[return-value]
+
+    async def authenticate(self, header: str | None) -> Caller:
+        try:
+            caller = self.auth.authenticate(header, blocking=False)
+            if caller is None:
+                caller = await asyncio.to_thread(self.auth.authenticate, header)
+        except Unauthorized:
+            self.metrics.auth_failures.inc()
+            raise
+        assert caller is not None
+        return caller
+
+    async def admit(self, tenant: str) -> None:
+        """Take a token of the tenant's bucket, or RateLimited with Retry-After."""
+        access = await self._cached(self._tenants, tenant)
+        rate = (access and access.rate_per_s) or self.config.rate_per_s
+        burst = (access and access.burst) or self.config.burst
+        wait = self.limiter.take(tenant, rate, burst)
+        if wait is not None:
+            self.metrics.rate_limited.inc()
+            raise RateLimited(
+                f"tenant {tenant} is over its rate of {rate:g} requests/s (burst {burst}) on "
+                f"this gateway instance: retry after {wait:.1f} s",
+                headers={"Retry-After": retry_after(wait)},
+            )
+
+    async def target(self, ref: ModelRef, model: str) -> tuple[str, int | None]:
+        """(alias, revision) to ask the engines for; ModelNotFound when the caller's tenant has
+        no such policy or digest (the engine says so for aliases and numbers that point
+        nowhere)."""
+        if not await self._cached(self._policies, (ref.tenant, ref.policy)):
+            raise ModelNotFound(model)
+        if ref.digest is not None:
+            revision = await self._cached(self._digests, (ref.tenant, ref.policy, ref.digest))
+            if revision is None:
+                raise ModelNotFound(model)
+            return "prod", revision
+        return ref.alias or "prod", ref.revision
+
+    async def models(self, tenant: str) -> list[ModelEntry]:
+        return await self._cached(self._models, tenant)
+
+    def request_ids(self, n: int) -> tuple[str, list[str]]:
+        """(the response id's stem, one request id per choice) under this instance's prefix."""
+        base = uuid.uuid4().hex[:24]
+        return base, [f"{self.engines.request_prefix}{base}.{i}" for i in range(n)]
+
+    async def run(self, ref: ModelRef, model: str, payloads: list[InferRequested],
+                  correlation_id: uuid.UUID) -> list[InferCompleted]:  # fmt: skip
+        """Ask the engines (one request per choice, one correlation id) and return the answers
+        in order, or the error of the first failed one."""
+        try:
+            envs = [make_event(p, tenant=ref.tenant, policy=ref.policy,
+                               producer=self.producer_name, correlation_id=correlation_id)
+                    for p in payloads]  # fmt: skip
+        except EventValidationError as e:
+            raise BadRequest(str(e)) from e
+        answers = await self.engines.submit(envs, self.config.answer_timeout_s)
+        done = check_answers(answers, model, self.config.retry_after_s)
+        self.metrics.tokens.labels("prompt").inc(sum(p.prompt_tokens for p in done))
+        self.metrics.tokens.labels("completion").inc(sum(p.completion_tokens for p in done))
+        return done

@@ -1,0 +1,202 @@
+"""`mint gateway`, `mint tenants …`, `mint keys …`: the OpenAI-compatible front door and who may
+call it (gateway/README.md)."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from contextlib import contextmanager
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from schemas.settings import get_settings
+
+console = Console(stderr=True)
+out = Console()
+
+
+@click.command("gateway")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--instance-id", default=None,
+              help="Prefix of this instance's request ids (default: host, pid and a random "
+                   "suffix). Unique per running instance.")  # fmt: skip
+@click.option("--timeout", "answer_timeout_s", type=float, default=60.0, show_default=True,
+              help="Seconds to wait for the engines' answer before a 503.")  # fmt: skip
+@click.option("--rate", "rate_per_s", type=float, default=20.0, show_default=True,
+              help="Requests per second per tenant and instance, unless the tenant sets its own "
+                   "(`mint tenants create --rate`).")  # fmt: skip
+@click.option("--burst", type=int, default=40, show_default=True,
+              help="Token bucket size per tenant and instance (same rule as --rate).")  # fmt: skip
+@click.option("--key-ttl", "key_ttl_s", type=float, default=5.0, show_default=True,
+              help="Seconds a key's catalog row is cached: a revoked key stops working within "
+                   "this on every instance.")  # fmt: skip
+@click.option("--max-tokens", type=int, default=4096, show_default=True,
+              help="Largest max_tokens a request may ask for.")  # fmt: skip
+@click.option("--max-body-bytes", type=int, default=256 * 1024, show_default=True)
+def gateway(host: str, port: int, instance_id: str | None, **limits) -> None:
+    """Serve the OpenAI API (chat and completions, streamed or not) over the engines.
+
+    \b
+    Requests travel as infer.requested to the serving engines; each instance follows
+    infer.results (no consumer group) and takes only the answers to its own requests, so any
+    number of instances run side by side behind a load balancer. Callers send
+    `Authorization: Bearer <key>` with a key from `mint keys create`; `model` is
+    policy@alias, policy@N or policy@sha256:… of the key's tenant.
+    """
+    from pydantic import ValidationError
+
+    from gateway.config import GatewayConfig
+    from gateway.main import serve
+    from schemas.envelope import validation_message
+
+    try:
+        config = GatewayConfig(host=host, port=port, **limits,
+                               **({"instance_id": instance_id} if instance_id else {}))  # fmt: skip
+    except ValidationError as e:
+        raise click.UsageError(validation_message(e, "bad gateway option")) from None
+    from catalog.cluster import CassandraUnavailable
+    from streams.clients import KafkaUnavailable
+    from streams.exceptions import TopicError
+
+    try:
+        serve(get_settings(), config)
+    except (CassandraUnavailable, KafkaUnavailable, TopicError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        sys.exit(1)
+
+
+# ---------------------------------------------------------------------- tenants and keys
+
+
+@contextmanager
+def _access():
+    from catalog.access import AccessRepository
+    from catalog.cluster import connect
+
+    settings = get_settings()
+    cluster, session = connect(settings)
+    try:
+        yield AccessRepository(session, settings.keyspace)
+    finally:
+        cluster.shutdown()
+
+
+def _clean_errors(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from catalog.cluster import CassandraUnavailable
+        from catalog.exceptions import CatalogError
+
+        try:
+            return fn(*args, **kwargs)
+        except (CatalogError, CassandraUnavailable) as e:
+            console.print(f"[red]error:[/red] {e}")
+            sys.exit(1)
+
+    return wrapper
+
+
+def _when(at) -> str:
+    return at.isoformat(timespec="seconds") if at else "-"
+
+
+@click.group("tenants")
+def tenants() -> None:
+    """Tenants that may call the gateway, and their request rates (catalog: tenant_access).
+
+    Writes the catalog: with credentials on, run it as `admin`.
+    """
+
+
+@tenants.command("create")
+@click.argument("tenant")
+@click.option("--rate", "rate_per_s", type=float, default=None,
+              help="Requests per second per gateway instance (default: the gateway's --rate).")  # fmt: skip
+@click.option("--burst", type=int, default=None, help="Token bucket size (default: --burst).")
+@_clean_errors
+def tenants_create(tenant: str, rate_per_s: float | None, burst: int | None) -> None:
+    """Create TENANT (idempotent; an existing tenant's rate changes with `set-rate`)."""
+    with _access() as repo:
+        got = repo.create_tenant(tenant, rate_per_s=rate_per_s, burst=burst, by="cli")
+    what = "created" if got.is_new else "exists"
+    console.print(f"tenant {got.tenant} {what} (rate {got.rate_per_s or 'default'}/s, burst "
+                  f"{got.burst or 'default'})")  # fmt: skip
+
+
+@tenants.command("set-rate")
+@click.argument("tenant")
+@click.option("--rate", "rate_per_s", type=float, default=None, help="unset: the default")
+@click.option("--burst", type=int, default=None, help="unset: the default")
+@_clean_errors
+def tenants_set_rate(tenant: str, rate_per_s: float | None, burst: int | None) -> None:
+    """Set TENANT's request rate (gateways see it within their catalog cache time)."""
+    with _access() as repo:
+        got = repo.set_limits(tenant, rate_per_s, burst)
+    console.print(f"tenant {got.tenant}: rate {got.rate_per_s or 'default'}/s, burst "
+                  f"{got.burst or 'default'}")  # fmt: skip
+
+
+@tenants.command("list")
+@_clean_errors
+def tenants_list() -> None:
+    """Every tenant with its rate."""
+    with _access() as repo:
+        rows = repo.list_tenants()
+    table = Table("tenant", "rate/s", "burst", "created")
+    for t in rows:
+        table.add_row(t.tenant, str(t.rate_per_s or "default"), str(t.burst or "default"),
+                      _when(t.created_at))  # fmt: skip
+    out.print(table)
+
+
+@click.group("keys")
+def keys() -> None:
+    """API keys of the gateway: `mint_<key id>_<secret>`, shown once; the catalog keeps a
+    salted scrypt hash. A revoked key stops working within the gateways' --key-ttl.
+
+    Writes the catalog: with credentials on, run it as `admin`.
+    """
+
+
+@keys.command("create")
+@click.option("--tenant", required=True)
+@click.option("--name", default="", help="What the key is for, e.g. ci.")
+@_clean_errors
+def keys_create(tenant: str, name: str) -> None:
+    """Make a key for TENANT and print it once (stdout), e.g. KEY=$(mint keys create …)."""
+    with _access() as repo:
+        key, stored = repo.create_key(tenant, name=name, by="cli")
+    console.print(f"key {stored.key_id} of tenant {stored.tenant} created; it is shown once, "
+                  "store it now:")  # fmt: skip
+    click.echo(key.text)
+
+
+@keys.command("list")
+@click.option("--tenant", required=True)
+@_clean_errors
+def keys_list(tenant: str) -> None:
+    """TENANT's keys (ids and names; secrets are never stored)."""
+    with _access() as repo:
+        rows = repo.list_keys(tenant)
+    table = Table("key id", "name", "created", "revoked")
+    for k in rows:
+        table.add_row(k.key_id, k.name or "-", _when(k.created_at), _when(k.revoked_at))
+    out.print(table)
+
+
+@keys.command("revoke")
+@click.argument("key_id")
+@click.option("--tenant", default=None, help="Refuse unless the key is this tenant's.")
+@_clean_errors
+def keys_revoke(key_id: str, tenant: str | None) -> None:
+    """Revoke KEY_ID (the 12 hex digits after `mint_`)."""
+    with _access() as repo:
+        got = repo.revoke_key(key_id, tenant=tenant, by="cli")
+    console.print(f"key {got.key_id} of tenant {got.tenant} revoked at {_when(got.revoked_at)}")
+
+
+COMMANDS: list[click.Command] = [gateway, tenants, keys]

@@ -1,0 +1,181 @@
+"""The gateway end to end: the real `openai` client → gateway → Kafka → vLLM engine → gateway,
+on real Kafka and Cassandra (fixtures: conftest.py)."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+
+from .conftest import GatewayProcess, chat_prompt_tokens, gateway_config, openai_client
+
+CHAT = [{"role": "system", "content": "You add numbers."},
+        {"role": "user", "content": "one plus one"},
+        {"role": "assistant", "content": "two"},
+        {"role": "user", "content": "two plus two"}]  # fmt: skip
+
+
+def test_chat_and_completions_plain_and_streamed(served, gateway_a, gw_tokenizer) -> None:
+    tenant, key, revs = served
+    oa = openai_client(gateway_a.url, key)
+    raw = oa.chat.completions.with_raw_response.create(model="chat@prod", messages=CHAT,
+                                                       max_tokens=6, temperature=0)  # fmt: skip
+    chat = raw.parse()
+    text = chat.choices[0].message.content
+    assert chat.system_fingerprint == revs[0].digest and chat.model == "chat@prod"
+    assert raw.headers["x-mint-revision"] == "1" and raw.headers["x-mint-alias"] == "prod"
+    assert raw.headers["x-mint-policy"] == f"{tenant}/chat"
+    # the engine rendered the whole conversation with the model's chat template
+    assert chat.usage.prompt_tokens == chat_prompt_tokens(gw_tokenizer, CHAT)
+    assert 1 <= chat.usage.completion_tokens <= 6 and text
+
+    stream = oa.chat.completions.create(model="chat@prod", messages=CHAT, max_tokens=6,
+                                        temperature=0, stream=True,
+                                        stream_options={"include_usage": True})  # fmt: skip
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert chunks[-1].usage.completion_tokens == chat.usage.completion_tokens
+    assert {c.system_fingerprint for c in chunks} == {revs[0].digest}
+
+    comp = oa.completions.create(model=f"{tenant}/chat@prod", prompt="the cat sat", max_tokens=5,
+                                 temperature=0, logprobs=0)  # fmt: skip
+    assert comp.usage.prompt_tokens == len(gw_tokenizer("the cat sat").input_ids)
+    lp = comp.choices[0].logprobs
+    assert len(lp.token_logprobs) == comp.usage.completion_tokens and max(lp.token_logprobs) <= 0
+    streamed = oa.completions.create(model="chat@prod", prompt="the cat sat", max_tokens=5,
+                                     temperature=0, stream=True)  # fmt: skip
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == comp.choices[0].text
+
+    sampled = oa.completions.create(model="chat@prod", prompt="the cat sat", max_tokens=5, n=3,
+                                    temperature=1.0, seed=11, stop=["\n"])  # fmt: skip
+    assert [c.index for c in sampled.choices] == [0, 1, 2]
+    ids = [m.id for m in oa.models.list().data]
+    assert ids == ["chat@prod"]
+
+
+def test_an_alias_move_changes_the_answering_revision_without_a_restart(served, world,
+                                                                        gateway_a) -> None:  # fmt: skip
+    tenant, key, revs = served
+    oa = openai_client(gateway_a.url, key)
+
+    def ask(model: str):
+        return oa.completions.with_raw_response.create(model=model, prompt="hello world",
+                                                       max_tokens=4, temperature=0)  # fmt: skip
+
+    before = ask("chat@prod")
+    assert before.headers["x-mint-revision"] == "1"
+    world.promote(tenant, "chat", revs[1].revision)
+    deadline = time.monotonic() + 30
+    while (now := ask("chat@prod")).headers["x-mint-revision"] != "2":
+        assert time.monotonic() < deadline, "the move did not take effect in 30 s"
+        time.sleep(0.2)
+    assert now.parse().system_fingerprint == revs[1].digest
+    assert now.parse().choices[0].text != before.parse().choices[0].text  # another adapter
+    pinned = ask(f"chat@{revs[2].digest}")  # by content, and by number
+    assert pinned.headers["x-mint-revision"] == "3" and "x-mint-alias" not in pinned.headers
+    assert ask("chat@1").parse().choices[0].text == before.parse().choices[0].text
+    world.promote(tenant, "chat", revs[0].revision)  # back, for the other tests
+
+
+def test_keys_tenants_bodies_and_rates(served, world, gateway_a, gw_adapters) -> None:
+    tenant, key, _ = served
+    msg = [{"role": "user", "content": "hi"}]
+    # 401: a made-up key, and a key revoked in the catalog (within the gateway's key TTL, 1 s)
+    with pytest.raises(openai.AuthenticationError):
+        openai_client(gateway_a.url, "mint_0123456789ab_" + "x" * 43).models.list()
+    other, other_key = world.tenant()
+    world.register(other, "secret", gw_adapters[0])
+    world.promote(other, "secret", 1)
+    doomed = openai_client(gateway_a.url, other_key)
+    assert doomed.models.list().data[0].id == "secret@prod"
+    world.access.revoke_key(other_key.split("_")[1])
+    deadline = time.monotonic() + 10
+    with pytest.raises(openai.AuthenticationError):
+        while time.monotonic() < deadline:
+            doomed.models.list()
+            time.sleep(0.2)
+
+    # 404: another tenant's policy answers exactly like a missing one
+    oa = openai_client(gateway_a.url, key)
+    bodies = []
+    for model in (f"{other}/secret@prod", f"{other}/nothing@prod", "nothing@prod", "chat@9"):
+        with pytest.raises(openai.NotFoundError) as e:
+            oa.chat.completions.create(model=model, messages=msg, max_tokens=2)
+        bodies.append(str(e.value.body).replace(model, "MODEL"))
+    assert len(set(bodies)) == 1, bodies
+
+    # 400: an oversized body, out-of-bounds fields, unsupported parameters
+    big = {"model": "chat@prod", "messages": [{"role": "user", "content": "x" * 70_000}]}
+    r = httpx.post(f"{gateway_a.url}/v1/chat/completions", json=big,
+                   headers={"Authorization": f"Bearer {key}"}, timeout=30)  # fmt: skip
+    assert r.status_code == 400 and r.json()["error"]["code"] == "request_too_large"
+    for kwargs, param in (({"max_tokens": 65}, "max_tokens"), ({"n": 9}, "n"),
+                          ({"top_logprobs": 3, "logprobs": True}, "top_logprobs")):  # fmt: skip
+        with pytest.raises(openai.BadRequestError) as e:
+            oa.chat.completions.create(model="chat@prod", messages=msg, **kwargs)
+        assert e.value.param == param
+
+    # 429: a tenant allowed 1 request per 10 s (burst 1)
+    slow, slow_key = world.tenant(rate_per_s=0.1, burst=1)
+    limited = openai_client(gateway_a.url, slow_key)
+    limited.models.list()
+    with pytest.raises(openai.RateLimitError) as e:
+        limited.models.list()
+    assert int(e.value.response.headers["retry-after"]) >= 1
+
+
+def test_no_engine_answer_is_503_with_retry_after(gw_settings, world, served) -> None:
+    from gateway.main import ThreadedServer, build
+    from streams.topics import ensure_topics
+
+    silent = gw_settings.model_copy(update={"topic_prefix": gw_settings.topic_prefix + "-idle"})
+    ensure_topics(silent, ["infer.requests", "infer.results"])  # no engine consumes these
+    server = ThreadedServer(build(silent, gateway_config(answer_timeout_s=1.5,
+                                                         retry_after_s=7))).start()  # fmt: skip
+    try:
+        _, key, _ = served
+        t0 = time.monotonic()
+        with pytest.raises(openai.InternalServerError) as e:
+            openai_client(server.url, key).completions.create(model="chat@prod", prompt="a")
+        assert e.value.status_code == 503 and e.value.response.headers["retry-after"] == "7"
+        assert e.value.code == "engine_unavailable" and 1.4 < time.monotonic() - t0 < 10
+    finally:
+        server.stop()
+
+
+def test_two_instances_each_get_only_their_own_answers(served, gw_settings, gateway_a,
+                                                       gw_tokenizer, tmp_path) -> None:  # fmt: skip
+    tenant, key, _ = served
+    b = GatewayProcess(gw_settings, tmp_path / "gateway-b.log", "--instance-id", "gw-b",
+                       "--key-ttl", "1").wait_ready()  # fmt: skip
+    try:
+        # prompts of distinct token counts: an answer's prompt_tokens names its request
+        prompts = [" ".join(["word"] * (k + 1)) for k in range(12)]
+        lengths = [len(gw_tokenizer(p).input_ids) for p in prompts]
+        assert len(set(lengths)) == len(prompts)
+        router = gateway_a.gateway.engines.router
+        own_before, b_before = router.counts["own"], b.metrics()
+        jobs = [(gateway_a.url if i % 2 else b.url, p) for i, p in enumerate(prompts)]
+
+        def ask(job):
+            url, prompt = job
+            return openai_client(url, key).completions.create(
+                model="chat@prod", prompt=prompt, max_tokens=3, temperature=0)  # fmt: skip
+
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            answers = list(pool.map(ask, jobs))
+        assert [a.usage.prompt_tokens for a in answers] == lengths
+        b_after = b.metrics()
+
+        def b_count(outcome: str) -> float:
+            name = f'mint_gateway_replies_total{{outcome="{outcome}"}}'
+            return b_after.get(name, 0.0) - b_before.get(name, 0.0)
+
+        assert router.counts["own"] - own_before == 6 and b_count("own") == 6
+        assert router.counts["late"] == 0 and b_count("late") == 0
+        assert b_count("foreign") >= 6  # B saw A's answers go by and left them
+    finally:
+        b.stop()
