@@ -29,3 +29,17 @@ def test_multi_policy_benchmark_smoke() -> None:
     assert result["wall_time_ratio"] >= 1.0, result
     assert result["peak_rss_ratio"] <= 1.05, result
     assert result["met"]["peak_rss_ratio"] is True, result
+
+
+def test_multi_policy_benchmark_with_real_rollouts_through_kafka() -> None:
+    """The production path: worker processes, vLLM rollouts through Kafka, the SDK's rounds."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "multi_policy_training.py"), "--smoke",
+         "--rollouts", "kafka"],
+        capture_output=True, text=True, timeout=900, cwd=ROOT,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads([ln for ln in out.stdout.splitlines() if ln.startswith("{")][-1])
+    assert result["rollouts"].startswith("vLLM engine worker through Kafka")
+    assert result["wall_time_ratio"] >= 1.0, result  # concurrent is never slower
+    assert result["peak_rss_ratio"] <= 1.05, result  # one base in each worker, either way
