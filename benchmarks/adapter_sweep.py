@@ -9,6 +9,10 @@ than the CPU cache holds, demand-grouped waves versus FIFO, side by side on ONE 
   most-waited-for adapters first, all their waiting requests together). Greedy outputs of the two
   runs are compared request by request.
 
+- kafka_sweep: the sweep on the production path first (``--kafka-adapters``, default 10,000):
+  one request per policy through ``infer.requests``, the catalog, ``load.requests`` and an
+  engine process (benchmarks.multi_engine's harness); the in-process sweep is the second row.
+
 Prints ONE JSON line (``targets`` / ``met``: demand / FIFO throughput >= 3).
 
     python benchmarks/adapter_sweep.py                       # N = 100,000
@@ -35,8 +39,10 @@ PROMPTS = ["hello world", "the cat sat", "2 + 2 =", "once upon a time", "red gre
 TARGET_DEMAND_OVER_FIFO = 3.0  # demand-grouped / FIFO requests per second, at least
 
 
-def make_adapters(template: Path, store, fingerprint: str, n: int, work: Path, seed0: int = 0):
-    """``n`` distinct PEFT revisions (the template's keys and config, fresh random weights)."""
+def make_adapters(template: Path, store, fingerprint: str, n: int, work: Path, seed0: int = 0,
+                  *, tenant: str = "sweep", policy_of=None, base_model: str = "tiny"):  # fmt: skip
+    """``n`` distinct PEFT revisions (the template's keys and config, fresh random weights);
+    adapter ``i`` is stored as ``tenant``/``policy_of(i)`` (default ``p{i % 997}``)."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -53,10 +59,10 @@ def make_adapters(template: Path, store, fingerprint: str, n: int, work: Path, s
         save_file({k: torch.randn(s, generator=g) * 0.3 for k, s in shapes.items()},
                   str(src / "adapter_model.safetensors"))  # fmt: skip
         (src / "adapter_config.json").write_text(config)
-        policy = f"p{i % 997}"
-        st = store.put(src, tenant="sweep", policy=policy, base_model="tiny",
+        policy = policy_of(i) if policy_of else f"p{i % 997}"
+        st = store.put(src, tenant=tenant, policy=policy, base_model=base_model,
                        base_model_fingerprint=fingerprint)  # fmt: skip
-        refs.append(AdapterRef("sweep", policy, i + 1, st.digest, st.uri))
+        refs.append(AdapterRef(tenant, policy, i + 1, st.digest, st.uri))
     return refs
 
 
@@ -87,6 +93,64 @@ def serve(engine, ws, requests, *, fifo: bool, burst: int, max_tokens: int):
     return time.perf_counter() - t0, outputs, waves
 
 
+def kafka_sweep(n: int, args: argparse.Namespace) -> dict:
+    """The same sweep on the production path: ``n`` policies in the catalog, one request each for
+    ``tenant/policy@prod`` published to ``infer.requests``; one engine process (``mint worker
+    serving``) resolves it through the catalog, asks ``load.requests`` for the cold adapter,
+    loads it, answers on ``infer.results``. Timed from the first publish to the last answer."""
+    from benchmarks.multi_engine import (
+        Collector,
+        EngineGroup,
+        Upstream,
+        build_catalog,
+        delete_topics,
+        drop_keyspace,
+        prepare,
+        run_settings,
+        tiny_model,  # fmt: skip
+    )
+
+    work = Path(tempfile.mkdtemp(prefix="mint-sweep-kafka-"))
+    settings = run_settings(work, partitions=3)
+    prepare(settings)
+    try:
+        model = tiny_model(settings)
+        t0 = time.perf_counter()
+        adapters = build_catalog(settings, model, n, work)
+        build_s = time.perf_counter() - t0
+        with EngineGroup(settings, model, work / "logs", max_loras=args.max_loras,
+                         max_cpu_loras=args.max_cpu_loras,
+                         max_num_seqs=args.max_num_seqs) as engines, Collector(settings) as seen:  # fmt: skip
+            engines.start("sweep-0")
+            engines.wait_members(["sweep-0"])
+            upstream = Upstream(settings, adapters, max_tokens=args.sweep_tokens)
+            t0 = time.perf_counter()
+            ids = []
+            for wave, start in enumerate(range(0, n, args.burst)):
+                ids += [
+                    x.request_id
+                    for x in upstream.publish(wave, list(range(start, min(n, start + args.burst))))
+                ]
+            upstream.close()
+            if not seen.wait_answered(ids, timeout_s=max(600.0, n / 5), check=engines.check):
+                raise SystemExit(f"{n - seen.answered(ids)} of {n} sweep requests unanswered")
+            secs = time.perf_counter() - t0
+            results, loads = seen.snapshot()
+        ok = sum(1 for i in ids if any(r.ok for r in results[i]))
+        return {"adapters": n, "build_catalog_s": round(build_s, 2), "seconds": round(secs, 2),
+                "adapters_per_s": round(n / secs, 1), "answered": ok,
+                "failed": sum(1 for i in ids if results[i] and not results[i][0].ok),
+                "answers": sum(len(results[i]) for i in ids),
+                "load_requests": sum(1 for e in loads if e.kind == "load.requested"),
+                "loads": sum(1 for e in loads if e.kind == "load.loaded"),
+                "path": "infer.requests -> catalog resolve -> load.requests -> engine process -> "
+                        "infer.results"}  # fmt: skip
+    finally:
+        drop_keyspace(settings)
+        delete_topics(settings)
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def zipf_indices(rng: random.Random, k: int, m: int, s: float) -> list[int]:
     weights = [1.0 / (r + 1) ** s for r in range(k)]
     return rng.choices(range(k), weights=weights, k=m)
@@ -105,6 +169,9 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=32, help="engine batch size")
     ap.add_argument("--sweep-tokens", type=int, default=4, help="max_tokens in the sweep")
     ap.add_argument("--max-tokens", type=int, default=32, help="max_tokens of Zipf requests")
+    ap.add_argument("--kafka-adapters", type=int, default=None,
+                    help="N of the sweep through Kafka and the catalog (default 10,000; smoke 200; "
+                         "0: skip it)")  # fmt: skip
     args = ap.parse_args()
     n = args.adapters or (1000 if args.smoke else 100_000)
     m = args.zipf_requests or (512 if args.smoke else 2048)
@@ -124,6 +191,8 @@ def main() -> None:
     from workers.serving.working_set import WorkingSet
 
     configure_logging("WARNING", "console")
+    kn = args.kafka_adapters if args.kafka_adapters is not None else (200 if args.smoke else 10_000)
+    through_kafka = kafka_sweep(kn, args) if kn else None
     work = Path(tempfile.mkdtemp(prefix="mint-sweep-"))
     try:
         model = build_tiny(TinySpec("llama", "test"), work / "model")
@@ -178,6 +247,9 @@ def main() -> None:
 
         print(json.dumps({
             "benchmark": "adapter_sweep", "smoke": args.smoke, "adapters": n,
+            "kafka_sweep": through_kafka,
+            "sweep_path": "in-process working set of one engine (no Kafka, no catalog): the "
+                          "second row, beside kafka_sweep",
             "build_adapters_s": round(build_s, 2),
             "sweep_s": round(sweep_s, 2), "sweep_adapters_per_s": round(n / sweep_s, 1),
             "sweep_served": len(sweep_out), "sweep_waves": sweep_waves,

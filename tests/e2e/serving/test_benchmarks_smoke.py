@@ -41,3 +41,21 @@ def test_adapter_sweep_smoke() -> None:
     assert r["outputs_equal_share"] == 1.0  # grouping changes the order, never the answers
     assert r["demand"]["waves"] < r["fifo"]["waves"]
     assert r["targets"] == {"demand_over_fifo": 3.0} and set(r["met"]) == {"demand_over_fifo"}
+    # The production path: every policy's request answered once, every adapter loaded once
+    # through load.requests by the engine that served it.
+    k = r["kafka_sweep"]
+    assert k["adapters"] == k["answered"] == k["answers"] == 200 and k["failed"] == 0
+    assert k["loads"] == 200 and k["load_requests"] >= 200
+
+
+def test_multi_engine_smoke() -> None:
+    r = run_benchmark("multi_engine.py")
+    assert r["benchmark"] == "multi_engine" and r["smoke"] is True
+    assert r["engines"] == 2 and r["adapters"] == 100
+    assert r["answered"] == r["requests"] > 0
+    assert r["lost"] == 0 and r["duplicates"] == 0 and r["double_loads"] == 0
+    assert r["failed"] == 0
+    assert r["cold_load_waves"] >= 1 and set(r["answered_by_engine"]) == {"e1", "e2"}
+    assert 0 < r["p50_ms"] <= r["p99_ms"]
+    assert r["targets"] == {"lost": 0, "duplicates": 0, "double_loads": 0, "failed": 0}
+    assert set(r["met"]) == set(r["targets"]) and all(r["met"].values())
