@@ -137,6 +137,22 @@ def dead_letters(settings) -> int:
         consumer.close()
 
 
+def watched(workers, wait, timeout_s: float = 600.0):
+    """``wait(timeout_s=…)`` in short slices, checking between them that every worker is alive:
+    a worker that crashed fails the run at once, with its log's end, instead of after the whole
+    timeout with only "no answer"."""
+    from mint.sdk import WaitTimeout
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return wait(timeout_s=min(10.0, max(0.1, deadline - time.monotonic())))
+        except WaitTimeout:
+            workers.check()
+            if time.monotonic() >= deadline:
+                raise
+
+
 def inject(fault: str, settings, workers, down_s: float) -> None:
     from mint.dev import launcher
 
@@ -216,11 +232,13 @@ def run(faults: tuple[str, ...], down_s: float, steps: int, smoke: bool, keep: b
             inject(fault, admin, workers, down_s)
             probe = f"probe-{fault}-{i}"
             traffic.send(probe, PROMPTS[0])
-            export = client.wait_caused_by(cmd, "export.completed", timeout_s=600)
+            export = watched(workers, lambda timeout_s, c=cmd: client.wait_caused_by(
+                c, "export.completed", timeout_s=timeout_s))  # fmt: skip
             exported_s = time.monotonic() - t_kill
-            client.wait_for(lambda e, p=probe: e.type in ("infer.completed", "infer.failed")
-                            and e.payload.request_id == p, timeout_s=600,
-                            what=f"the answer to {probe}")  # fmt: skip
+            watched(workers, lambda timeout_s, p=probe: client.wait_for(
+                lambda e: e.type in ("infer.completed", "infer.failed")
+                and e.payload.request_id == p, timeout_s=timeout_s,
+                what=f"the answer to {p}"))  # fmt: skip
             recovery[fault] = round(time.monotonic() - t_kill, 1)
             breakdown[fault] = {"update_exported_s": round(exported_s, 1),
                                 "probe_answered_s": round(time.monotonic() - t_kill, 1)}  # fmt: skip

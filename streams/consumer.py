@@ -284,15 +284,29 @@ def _reraise(error: Exception) -> bool:
     raise error
 
 
-def _commit(consumer: KafkaConsumer, done: dict[TopicPartition, int]) -> None:
-    if not done:
-        return
+def commit_offsets(consumer: KafkaConsumer, offsets: dict[TopicPartition, int]) -> bool:
+    """Commit ``offsets`` (next offset to read per partition); True when the broker took them.
+    A commit lost to a rebalance or to an outage is not an error: the records are redelivered
+    (to the new owner, or here by the next step's commit, which tries again), and handlers are
+    idempotent on event_id. Anything else propagates."""
+    if not offsets:
+        return True
     try:
-        consumer.commit({tp: OffsetAndMetadata(off + 1, "", -1) for tp, off in done.items()})
+        consumer.commit({tp: OffsetAndMetadata(o, "", -1) for tp, o in offsets.items()})
+        return True
     except (CommitFailedError, RebalanceInProgressError) as e:
-        # The group moved these partitions on (e.g. a handler outlived max_poll_interval_ms):
-        # the new owner gets the records again, and handlers are idempotent on event_id.
+        # The group moved these partitions on (e.g. a handler outlived max_poll_interval_ms).
         log.warning("offset commit lost to a rebalance; records will be redelivered", error=str(e))
+    except Exception as e:
+        if not is_transient(e):
+            raise
+        # The broker is away (killed, restarting): an engine must outlive that, not crash on it.
+        log.warning("offset commit failed for now; retried on the next poll", error=str(e))
+    return False
+
+
+def _commit(consumer: KafkaConsumer, done: dict[TopicPartition, int]) -> None:
+    commit_offsets(consumer, {tp: off + 1 for tp, off in done.items()})
 
 
 def stop_on_signals(*signals: int) -> threading.Event:
@@ -531,14 +545,8 @@ class ConsumerLoop:
                 offsets[tp] = target
         if not offsets:
             return
-        try:
-            self.consumer.commit({tp: OffsetAndMetadata(o, "", -1) for tp, o in offsets.items()})
+        if commit_offsets(self.consumer, offsets):
             self._committed.update(offsets)
-        except (CommitFailedError, RebalanceInProgressError) as e:
-            # The group moved these partitions on (e.g. a handler outlived max_poll_interval_ms):
-            # the new owner gets the records again and skips or redoes them (idempotent).
-            log.warning("offset commit lost to a rebalance; records will be redelivered",
-                        error=str(e))  # fmt: skip
 
     def hold_all_partitions(self, waiting: bool) -> None:
         """Pause (True) or resume (False) this consumer's partitions. Paused partitions fetch

@@ -6,15 +6,16 @@ from __future__ import annotations
 import threading
 
 import pytest
+from kafka import TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
-from kafka.errors import KafkaTimeoutError
+from kafka.errors import CommitFailedError, KafkaConnectionError, KafkaTimeoutError
 
 from schemas import EVENT_TYPES, encode_event, make_event
 from schemas.events import DeadLetter
 from schemas.examples import example_payload
 from schemas.settings import MintSettings
 from streams import TOPICS, RetryPolicy, StreamsError, TopicError, topic_for, topic_for_type
-from streams.consumer import RecordLoop, dead_letter
+from streams.consumer import RecordLoop, commit_offsets, dead_letter
 from streams.replay import Window, fresh_group, load_processor
 
 SETTINGS = MintSettings(topic_prefix="unit")
@@ -130,6 +131,36 @@ def test_an_outage_longer_than_the_attempts_is_waited_out_never_dead_lettered(er
     loop.process(_record(_promote_bytes()))
     assert producer.sent == [] and loop.stats.handled == 1
     assert (loop.stats.transient_retries, loop.stats.retries) == (12, 0)
+
+
+class _CommitOnce:
+    """A consumer whose commits fail with ``errors`` (one per call), then succeed."""
+
+    def __init__(self, *errors: Exception) -> None:
+        self.errors, self.committed = list(errors), []
+
+    def commit(self, offsets) -> None:
+        if self.errors:
+            raise self.errors.pop(0)
+        self.committed.append({tp: meta.offset for tp, meta in offsets.items()})
+
+
+@pytest.mark.parametrize("error", [KafkaConnectionError("111 ECONNREFUSED"),
+                                   KafkaTimeoutError("broker away"), CommitFailedError("moved")])  # fmt: skip
+def test_a_commit_lost_to_an_outage_or_rebalance_is_retried_not_raised(error) -> None:
+    # A broker killed while an engine commits must not kill the engine (it did, in the fault
+    # injection run): the commit reports failure and the next poll's commit tries again.
+    tp = TopicPartition("unit.infer.requests", 0)
+    consumer = _CommitOnce(error)
+    assert commit_offsets(consumer, {tp: 5}) is False
+    assert commit_offsets(consumer, {tp: 5}) is True
+    assert consumer.committed == [{tp: 5}]
+
+
+def test_a_commit_failing_for_another_reason_propagates() -> None:
+    consumer = _CommitOnce(ValueError("bad offsets"))
+    with pytest.raises(ValueError):
+        commit_offsets(consumer, {TopicPartition("unit.infer.requests", 0): 5})
 
 
 def test_a_handler_failing_every_attempt_is_dead_lettered_with_the_count() -> None:

@@ -21,7 +21,9 @@ def test_fault_injection_smoke_holds_its_zeros() -> None:
                            "--smoke", "--secure"], capture_output=True, text=True, timeout=1200,
                           cwd=ROOT)  # fmt: skip
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    assert len(lines) == 1, (proc.stdout[-2000:], proc.stderr[-4000:])
+    if len(lines) != 1:  # whole, under "Captured stdout" (an assertion message gets cut)
+        print(proc.stdout[-3000:], proc.stderr[-8000:], sep="\n")
+    assert len(lines) == 1, "no result line: see the captured output for the run's end"
     r = json.loads(lines[0])
     assert r["faults"] == ["kafka", "cassandra", "trainer"] and r["secure"] is True
     assert set(r["recovery_seconds"]) == set(r["faults"])  # every round recovered
