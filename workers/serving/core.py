@@ -90,6 +90,10 @@ class ServingCore:
         # serves(tenant, policy): does this engine own the policy's partition? (the worker sets
         # it from its assignment; alone, an engine serves everything)
         self.serves: Callable[[str, str], bool] = lambda tenant, policy: True
+        # emit(events): hand results over as soon as each wave (and each load) ran, instead of
+        # returning them when the whole batch is done (the worker publishes them at once, so the
+        # most waited-for adapters' answers are out before the later waves run). None: return.
+        self.emit: Callable[[list[Envelope[Any]]], None] | None = None
         self._evicted: list[Envelope[Any]] = []
         self.started_at = datetime.now(UTC)
         if working_set.on_evict is None:
@@ -191,7 +195,7 @@ class ServingCore:
                 self._release(aref.digest)
                 # Serve the released requests now, before a later load of this wave could evict
                 # them.
-                out += self.serve()
+                out = self._hand_over(out + self.serve())
         if loaded:
             metrics.LOAD_WAVE.observe(loaded)
         return out
@@ -215,8 +219,15 @@ class ServingCore:
         out: list[Envelope[Any]] = []
         while len(self.ready):
             wave = self.ready.next_wave(self.ws.max_loras, self.max_num_seqs)
-            out += self._run_wave(wave)
+            out = self._hand_over(out + self._run_wave(wave))
         return out
+
+    def _hand_over(self, out: list[Envelope[Any]]) -> list[Envelope[Any]]:
+        """What is left to return: ``out`` itself, or nothing once ``emit`` took it."""
+        if self.emit is None or not out:
+            return out
+        self.emit(out)
+        return []
 
     def _run_wave(self, wave: list[tuple[str, Pending]]) -> list[Envelope[Any]]:
         out: list[Envelope[Any]] = []

@@ -28,15 +28,17 @@ from typing import Any
 import structlog
 from kafka import TopicPartition
 from kafka.coordinator.assignors.range import RangePartitionAssignor
+from kafka.errors import KafkaError
 from kafka.partitioner.default import murmur2
 
 from schemas.envelope import Envelope
 from schemas.events import AliasMoved, InferCompleted, InferFailed, InferRequested, LoadRequested
 from schemas.names import policy_id
+from schemas.registry import encode_event
 from schemas.settings import MintSettings
 from streams.consumer import ConsumerLoop, RetryPolicy, Stopped, hold_all, run_range
 from streams.producer import EventProducer
-from streams.topics import POLICY_STATE, topic_for
+from streams.topics import POLICY_STATE, topic_for, topic_for_type
 from workers.serving.core import ServingCore
 
 log = structlog.get_logger()
@@ -101,6 +103,7 @@ class ServingWorker:
         # linger 0: an answer is sent at once (the default 5 ms wait is on every reply's path)
         self.producer = EventProducer(settings, client_id=f"serving-{core.engine_id}", linger_ms=0)
         self._outbox: list[Envelope[Any]] = []
+        self._sent: list[tuple[Envelope[Any], Any]] = []  # sent by _emit, not confirmed yet
         self._loads_queued: list[tuple[TopicPartition, Envelope[LoadRequested]]] = []
         self._request_partition: dict[Any, TopicPartition] = {}  # held request event id -> tp
         self.loops: list[ConsumerLoop] = []
@@ -112,6 +115,7 @@ class ServingWorker:
         prefix = settings.topic_prefix
         self._infer_topic = topic_for(settings, "infer.requests")
         core.serves = self._serves
+        core.emit = self._emit
 
         def loop(topics: list[str], group_id: str, handler, before_commit, **options):
             made = ConsumerLoop(settings, topics, group_id, handler, stop=self.stop,
@@ -175,24 +179,52 @@ class ServingWorker:
             self._loads_queued.append((tp, env))
 
     def _work(self) -> None:
+        # (the core hands most of its output to _emit as it goes; this confirms the rest)
         if self._loads_queued:
             queued, self._loads_queued = self._loads_queued, []
-            self._outbox += self.core.on_load_requests([env for _, env in queued])
-        self._outbox += self.core.serve()
+            left = self.core.on_load_requests([env for _, env in queued])
+            self._outbox += left
+        left = self.core.serve()
+        self._outbox += left
         self._flush()
 
+    def _emit(self, events: list[Envelope[Any]]) -> None:
+        """Send a wave's answers (or a load's events) as soon as the core has them, without
+        waiting for the broker: an answer does not wait for the rest of the poll's loads and
+        waves. ``_flush`` confirms them, and only then releases their requests' offsets."""
+        for env in events:
+            try:
+                sent = self.producer.send_async(topic_for_type(self.settings, env.type),
+                                                encode_event(env), env.key)  # fmt: skip
+            except Exception:  # e.g. the send buffer is full: _flush publishes it
+                self._outbox.append(env)
+            else:
+                self._sent.append((env, sent))
+
     def _flush(self) -> None:
-        """Publish what the handlers produced; a published answer releases its request's offset.
-        What a failed publish left in the outbox is sent again by the retry."""
+        """Confirm what ``_emit`` sent and publish what the handlers produced; a confirmed answer
+        releases its request's offset. What failed is sent again (by the retry, if this raises;
+        consumers dedupe on event_id)."""
         self._outbox += self.core.drain_events()
+        sent, self._sent = self._sent, []
+        for env, future in sent:
+            try:
+                future.get(timeout=30)
+            except KafkaError:
+                self._outbox.append(env)
+            else:
+                self._answered(env)
         if not self._outbox:
             return
         self.producer.publish_many(self._outbox)
         for env in self._outbox:
-            if isinstance(env.payload, InferCompleted | InferFailed):
-                self._serving.release(env.causation_id)
-                self._request_partition.pop(env.causation_id, None)
-        self._outbox = []
+            self._answered(env)
+        self._outbox.clear()  # in place: a caller may hold this list (``self._outbox += f()``)
+
+    def _answered(self, env: Envelope[Any]) -> None:
+        if isinstance(env.payload, InferCompleted | InferFailed):
+            self._serving.release(env.causation_id)
+            self._request_partition.pop(env.causation_id, None)
 
     def step(self, timeout_ms: int = 100) -> int:
         """One round over the loops; returns how many records it finished."""
