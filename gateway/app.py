@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
@@ -59,7 +60,7 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 def _chat_payloads(req: ChatRequest, ids: list[str], alias: str, revision: int | None,
-                   max_tokens: int) -> list[InferRequested]:  # fmt: skip
+                   max_tokens: int, expires_at: datetime) -> list[InferRequested]:  # fmt: skip
     turns = [ChatTurn(role="system" if m.role == "developer" else m.role, content=m.text())
              for m in req.messages]  # fmt: skip
     last_user = next(m.text() for m in reversed(req.messages) if m.role == "user" and m.text())
@@ -68,12 +69,13 @@ def _chat_payloads(req: ChatRequest, ids: list[str], alias: str, revision: int |
         temperature=OPENAI_TEMPERATURE if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
         seed=None if req.seed is None else req.seed + i, stop=req.stops(), chat=True,
-        messages=turns, logprobs=bool(req.logprobs),
+        messages=turns, logprobs=bool(req.logprobs), expires_at=expires_at,
     ) for i, rid in enumerate(ids)]  # fmt: skip
 
 
 def _completion_payloads(req: CompletionRequest, ids: list[str], alias: str,
-                         revision: int | None, max_tokens: int) -> list[InferRequested]:  # fmt: skip
+                         revision: int | None, max_tokens: int,
+                         expires_at: datetime) -> list[InferRequested]:  # fmt: skip
     out = []
     for k, prompt in enumerate(req.prompts()):
         for i in range(req.n):
@@ -83,7 +85,7 @@ def _completion_payloads(req: CompletionRequest, ids: list[str], alias: str,
                 temperature=OPENAI_TEMPERATURE if req.temperature is None else req.temperature,
                 top_p=1.0 if req.top_p is None else req.top_p,
                 seed=None if req.seed is None else req.seed + i, stop=req.stops(),
-                logprobs=req.logprobs is not None,
+                logprobs=req.logprobs is not None, expires_at=expires_at,
             ))  # fmt: skip
     return out
 
@@ -170,12 +172,15 @@ def create_app(gw: Gateway) -> FastAPI:
         with bound_event(correlation_id=str(correlation_id), tenant=caller.tenant,
                          policy=ref.policy, model=req.model, key_id=caller.key_id):  # fmt: skip
             per_prompt = req.n  # choices per prompt
+            # Past the answer timeout the caller has its 503: engines then skip the request.
+            expires_at = datetime.now(UTC) + timedelta(seconds=cfg.answer_timeout_s)
             if isinstance(req, ChatRequest):
                 base, ids = gw.request_ids(req.n)
-                payloads = _chat_payloads(req, ids, alias, revision, req.limit(cfg))
+                payloads = _chat_payloads(req, ids, alias, revision, req.limit(cfg), expires_at)
             else:
                 base, ids = gw.request_ids(req.n * len(req.prompts()))
-                payloads = _completion_payloads(req, ids, alias, revision, req.limit(cfg))
+                payloads = _completion_payloads(req, ids, alias, revision, req.limit(cfg),
+                                                expires_at)  # fmt: skip
             t0 = time.perf_counter()
             try:
                 done = await gw.run(ref, req.model, payloads, correlation_id)

@@ -32,6 +32,9 @@ def check_answers(answers: list[Envelope[Any]], model: str, retry_after_s: int) 
                                   headers={"Retry-After": str(retry_after_s)})  # fmt: skip
             raise EngineFailed(f"the adapter of model '{model}' could not be loaded by the "
                                "engine; tell the operators (they have its error)")  # fmt: skip
+        if p.stage == "expired":  # the engines were too busy to reach it within the timeout
+            raise Unavailable("no engine answered in time; the engines may be overloaded: retry "
+                              "later", headers={"Retry-After": str(retry_after_s)})  # fmt: skip
         raise EngineFailed(f"the engine failed to generate: {p.error[:500]}")
     return [env.payload for env in answers]
 

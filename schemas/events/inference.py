@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    model_validator,
+)
 
 from schemas.envelope import Command, Payload
 from schemas.names import AliasName, Digest
@@ -53,6 +60,13 @@ class InferRequested(Command):
         default_factory=list, max_length=4, description="stop before any of these strings"
     )
     logprobs: bool = Field(False, description="return the log-probability of each sampled token")
+    # Added (optional, backward compatible): when the caller stops waiting (the gateway sets its
+    # answer timeout). A request still queued or waiting for its adapter then is answered with
+    # infer.failed, stage "expired", instead of taking an engine slot nobody waits for. Only a
+    # producer that sets this field can get that stage back.
+    expires_at: AwareDatetime | None = Field(
+        None, description="the caller stops waiting then: not run after it (stage expired)"
+    )
 
     @model_validator(mode="after")
     def _messages_need_chat(self) -> InferRequested:
@@ -102,7 +116,9 @@ class InferFailed(Payload):
 
     request_id: str = Field(pattern=REQUEST_ID_RE)
     ref: str = Field(max_length=512, description="what was asked, e.g. acme/math@prod")
-    stage: Literal["resolve", "load", "generate"] = Field(description="where it failed")
+    stage: Literal["resolve", "load", "generate", "expired"] = Field(
+        description="where it failed (expired: its expires_at passed before it ran)"
+    )
     error: str = Field(max_length=4096, description="what failed and what to do")
     revision: int | None = Field(None, ge=1, description="None: the reference did not resolve")
     adapter_digest: str | None = Field(None, pattern=r"^sha256:[0-9a-f]{64}$")

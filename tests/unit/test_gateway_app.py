@@ -248,6 +248,23 @@ def test_engine_failures_map_to_statuses(world) -> None:
     with pytest.raises(openai.InternalServerError) as e:
         oa.completions.create(model="math@prod", prompt="a")
     assert e.value.status_code == 500 and "failed to generate" in e.value.message
+    engines.fail_stage = "expired"  # too busy to reach it before its deadline: retry later
+    r = http.post("/v1/completions", json={"model": "math@prod", "prompt": "a"},
+                  headers={"Authorization": f"Bearer {catalog.add_key('acme')}"})  # fmt: skip
+    assert r.status_code == 503 and r.headers["Retry-After"], r.text
+
+
+def test_requests_carry_the_answer_timeout_as_their_deadline(world) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    catalog, engines, http = world
+    before = datetime.now(UTC)
+    client(http, catalog.add_key("acme")).completions.create(model="math@prod", prompt="a", n=2)
+    timeout = GatewayConfig(instance_id="x").answer_timeout_s  # the world's gateway: default
+    for env in engines.seen[-2:]:
+        deadline = env.payload.expires_at
+        assert before + timedelta(seconds=timeout - 5) <= deadline
+        assert deadline <= datetime.now(UTC) + timedelta(seconds=timeout)
 
 
 def test_health_metrics_and_unknown_routes(world) -> None:

@@ -134,3 +134,33 @@ def test_requests_of_revoked_partitions_are_dropped_not_answered(setup) -> None:
     out = core.on_load_requests(loads)
     answered = [e.payload.request_id for e in out if isinstance(e.payload, InferCompleted)]
     assert answered == ["cold-b"]  # the dropped ones are the new owner's to answer
+
+
+def test_requests_past_their_deadline_are_answered_expired_not_run(setup, monkeypatch) -> None:
+    # The gateway stamps expires_at (its answer timeout): once the caller has its 503, an engine
+    # must not spend a cold load or a generation slot on the request, and still answer it.
+    from datetime import UTC, datetime, timedelta
+
+    from workers.serving import core as core_module
+
+    core, refs, engine = setup
+    now = datetime.now(UTC)
+
+    def until(rid: str, policy: str, seconds: float):
+        env = req(policy, rid)
+        return env.model_copy(update={"payload": env.payload.model_copy(
+            update={"expires_at": now + timedelta(seconds=seconds)})})  # fmt: skip
+
+    (gone,) = core.on_infer(until("late", "p0", -1))  # expired on arrival: no load for it
+    assert isinstance(gone.payload, InferFailed) and gone.payload.stage == "expired"
+    assert gone.payload.retryable and "expires_at" in gone.payload.error
+    loads = core.on_infer(until("soon", "p1", 30)) + core.on_infer(until("later", "p1", 300))
+    assert [type(e.payload).__name__ for e in loads] == ["LoadRequested"]
+    # The load takes 60 s (the clock moves): "soon" has expired by its wave, "later" has not.
+    real = core_module.datetime
+    monkeypatch.setattr(core_module, "datetime", type("Clock", (), {
+        "now": staticmethod(lambda tz=None: real.now(tz) + timedelta(seconds=60))}))  # fmt: skip
+    out = core.on_load_requests(loads)
+    answers = {e.payload.request_id: e.payload for e in out if e.type.startswith("infer.")}
+    assert answers["soon"].stage == "expired" and isinstance(answers["later"], InferCompleted)
+    assert [len(b) for b in engine.batches] == [1]  # one generation, for "later" only

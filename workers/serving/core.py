@@ -56,6 +56,12 @@ class Pending:
     cold: bool = False
 
 
+def _expired(env: Envelope[InferRequested]) -> bool:
+    """Has the caller's deadline passed? (wall clocks: engines and gateways keep NTP time)"""
+    deadline = env.payload.expires_at
+    return deadline is not None and datetime.now(UTC) >= deadline
+
+
 def _bound(env: Envelope[Any]):
     """Bind ``env``'s ids to every log line inside (as the consumer loop does for a record)."""
     return bound_event(event_id=str(env.event_id), type=env.type, policy=env.policy_id,
@@ -116,6 +122,8 @@ class ServingCore:
         """A request arrives: resolve it; queue it (resident) or park it behind a load request."""
         t0 = time.perf_counter()
         ref = ref_text(env)
+        if _expired(env):  # the caller gave up already: no resolve, no load for nobody
+            return [self._expired(env, ref, t0=t0)]
         try:
             res = self.resolver.resolve(ref)
         except CatalogUnavailable:
@@ -233,6 +241,9 @@ class ServingCore:
         out: list[Envelope[Any]] = []
         batch: list[tuple[Pending, GenRequest]] = []
         for _, it in wave:
+            if _expired(it.env):  # waited past its deadline: answer so, spend no slot on it
+                out.append(self._expired(it.env, ref_text(it.env), it=it))
+                continue
             try:
                 handle = self.ws.ensure(it.ref)  # a hit unless evicted since it was queued
             except LoadError as e:
@@ -295,6 +306,12 @@ class ServingCore:
             self._failed(it.env, ref_text(it.env), "load", error, it=it, retryable=retryable)
             for it in self.waiting.take(digest)
         ]
+
+    def _expired(self, env, ref: str, *, it: Pending | None = None,
+                 t0: float | None = None) -> Envelope[Any]:  # fmt: skip
+        return self._failed(env, ref, "expired", f"not run: the caller stopped waiting at "
+                            f"{env.payload.expires_at.isoformat()} (expires_at); send it again "
+                            "with a later deadline", it=it, t0=t0, retryable=True)  # fmt: skip
 
     def _failed(self, env, ref: str, stage: str, error: str, *, it: Pending | None = None,
                 t0: float | None = None, retryable: bool = False) -> Envelope[Any]:  # fmt: skip

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,11 @@ def test_failed_loads_give_error_results_while_others_are_served(
     envs.append(stack.request(t, "otherbase", "otherbase", PROMPTS[0], revision=1))
     envs.append(stack.request(t, "missing", "missing", PROMPTS[0], revision=gone.revision))
     envs.append(stack.request(t, "nosuch", "nosuch", PROMPTS[0]))
+    # Its caller gave up (the gateway's deadline passed): answered, but nothing loaded for it.
+    stack.register(t, "abandoned", variant_factory(205))
+    late = stack.request(t, "abandoned", "abandoned", PROMPTS[0])
+    envs.append(late.model_copy(update={"payload": late.payload.model_copy(
+        update={"expires_at": datetime.now(UTC) - timedelta(seconds=1)})}))  # fmt: skip
     got = stack.serve(envs)
     for i in range(3):
         check_against_hf(stack, hf_reference, tokenizer, envs[2 * i], got[f"good-{i}"])
@@ -96,12 +102,14 @@ def test_failed_loads_give_error_results_while_others_are_served(
         assert isinstance(bad, InferFailed) and bad.stage == "load"
         assert "AdapterDigestMismatch" in bad.error and "digest" in bad.error
     expected = {"big": ("load", "RankTooLarge"), "otherbase": ("load", "WrongBaseModel"),
-                "missing": ("load", "AdapterMissing"), "nosuch": ("resolve", "nosuch")}  # fmt: skip
+                "missing": ("load", "AdapterMissing"), "nosuch": ("resolve", "nosuch"),
+                "abandoned": ("expired", "expires_at")}  # fmt: skip
     for rid, (stage, text) in expected.items():
         p = got[rid].payload
         assert isinstance(p, InferFailed), (rid, p)
         assert p.stage == stage and text in p.error, (rid, p.error)
-    # The corrupted adapter was loaded once for its three waiting requests (they waited together).
+    # The corrupted adapter was loaded once for its three waiting requests (they waited together),
+    # and nothing was loaded for the abandoned request.
     assert stack.core.stats["load_requests"] == 5
 
 
