@@ -56,7 +56,7 @@ class Pending:
     cold: bool = False
 
 
-def _expired(env: Envelope[InferRequested]) -> bool:
+def _past_deadline(env: Envelope[InferRequested]) -> bool:
     """Has the caller's deadline passed? (wall clocks: engines and gateways keep NTP time)"""
     deadline = env.payload.expires_at
     return deadline is not None and datetime.now(UTC) >= deadline
@@ -122,7 +122,7 @@ class ServingCore:
         """A request arrives: resolve it; queue it (resident) or park it behind a load request."""
         t0 = time.perf_counter()
         ref = ref_text(env)
-        if _expired(env):  # the caller gave up already: no resolve, no load for nobody
+        if _past_deadline(env):  # the caller gave up already: no resolve, nothing to load or run
             return [self._expired(env, ref, t0=t0)]
         try:
             res = self.resolver.resolve(ref)
@@ -241,7 +241,7 @@ class ServingCore:
         out: list[Envelope[Any]] = []
         batch: list[tuple[Pending, GenRequest]] = []
         for _, it in wave:
-            if _expired(it.env):  # waited past its deadline: answer so, spend no slot on it
+            if _past_deadline(it.env):  # waited past its deadline: answer so, spend no slot on it
                 out.append(self._expired(it.env, ref_text(it.env), it=it))
                 continue
             try:
