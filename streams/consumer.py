@@ -30,6 +30,10 @@ Guarantees:
   is committed only after the broker confirmed the dead letter: nothing is dropped, and no
   partition is blocked forever.
 - Records of one partition are handled in order, one at a time.
+- A commit the broker cannot take now (it is restarting) is tried again at the next poll, never
+  fatal. A member whose commits the group refuses for a minute on end has fallen out of the
+  group without rejoining: it raises ``OutOfGroup`` and its process exits, so that a restart
+  rejoins instead of a zombie answering what the partitions' new owner answers too.
 
 Topics are registry names (``export.events``); ``raw_topics`` takes broker names instead. Extra
 keyword arguments go to ``KafkaConsumer`` (e.g. ``group_instance_id="projector-0"`` for static
@@ -43,7 +47,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
@@ -60,7 +64,7 @@ from schemas.settings import MintSettings
 from streams import health
 from streams.answered import AnswerLog
 from streams.clients import make_consumer
-from streams.exceptions import TransientError
+from streams.exceptions import OutOfGroup, TransientError
 from streams.metrics import TRANSIENT, ConsumerGauges, RecordCounters
 from streams.producer import EventProducer
 from streams.topics import DLQ, topic_for
@@ -284,25 +288,68 @@ def _reraise(error: Exception) -> bool:
     raise error
 
 
-def commit_offsets(consumer: KafkaConsumer, offsets: dict[TopicPartition, int]) -> bool:
-    """Commit ``offsets`` (next offset to read per partition); True when the broker took them.
-    A commit lost to a rebalance or to an outage is not an error: the records are redelivered
-    (to the new owner, or here by the next step's commit, which tries again), and handlers are
-    idempotent on event_id. Anything else propagates."""
+CommitOutcome = Literal["committed", "refused", "deferred"]
+
+
+def commit_offsets(consumer: KafkaConsumer, offsets: dict[TopicPartition, int]) -> CommitOutcome:
+    """Commit ``offsets`` (next offset to read per partition).
+
+    "committed": the broker took them. "refused": the group did not (a rebalance moved the
+    partitions, or this member is no longer in the group); the new owner gets the records again.
+    "deferred": the broker is away (killed, restarting); the next poll's commit tries again.
+    Neither is an error (handlers are idempotent on event_id, answers deduped); anything else
+    propagates."""
     if not offsets:
-        return True
+        return "committed"
     try:
         consumer.commit({tp: OffsetAndMetadata(o, "", -1) for tp, o in offsets.items()})
-        return True
+        return "committed"
     except (CommitFailedError, RebalanceInProgressError) as e:
         # The group moved these partitions on (e.g. a handler outlived max_poll_interval_ms).
         log.warning("offset commit lost to a rebalance; records will be redelivered", error=str(e))
+        return "refused"
     except Exception as e:
         if not is_transient(e):
             raise
-        # The broker is away (killed, restarting): an engine must outlive that, not crash on it.
+        # An engine must outlive a broker restart, not crash on it.
         log.warning("offset commit failed for now; retried on the next poll", error=str(e))
-    return False
+        return "deferred"
+
+
+class MembershipWatch:
+    """Turns a member that the group keeps refusing into an error. A refused commit is normal
+    once (a rebalance; kafka-python rejoins on the next poll), but commits refused for
+    ``limit_s`` with none taken mean this process fell out of its group without rejoining (seen
+    under heavy CPU load: heartbeats stopped, fetching went on). Outages ("deferred") say
+    nothing about membership."""
+
+    def __init__(self, group_id: str, limit_s: float = 60.0, gap_s: float = 15.0,
+                 clock=time.monotonic) -> None:  # fmt: skip
+        self.group_id, self.limit_s, self.gap_s, self.clock = group_id, limit_s, gap_s, clock
+        self._refused_since: float | None = None
+        self._last_refused = 0.0
+
+    def rejoined(self) -> None:
+        """An assignment arrived: this member is in the group again."""
+        self._refused_since = None
+
+    def note(self, outcome: CommitOutcome) -> None:
+        if outcome == "committed":
+            self._refused_since = None
+        elif outcome == "refused":
+            now = self.clock()
+            # A streak is refusals one after another (a zombie commits at every poll); one that
+            # comes long after the last is a new rebalance, not the same absence.
+            if self._refused_since is None or now - self._last_refused > self.gap_s:
+                self._refused_since = now
+            self._last_refused = now
+            if now - self._refused_since > self.limit_s:
+                raise OutOfGroup(
+                    f"group {self.group_id} has refused every offset commit of this member for "
+                    f"{now - self._refused_since:.0f} s: it is out of the group without having "
+                    "rejoined. Exiting, so that a restart rejoins (its requests are redelivered "
+                    "from the committed offsets)"
+                )
 
 
 def _commit(consumer: KafkaConsumer, done: dict[TopicPartition, int]) -> None:
@@ -412,6 +459,7 @@ class ConsumerLoop:
         self._answered: dict[TopicPartition, set[Any]] = {}
         self._owned: set[TopicPartition] = set()
         self._waited_seen = 0
+        self._membership = MembershipWatch(group_id)
         serve_metrics(settings.metrics_port)
         health.register(group_id)
         self._gauges = ConsumerGauges(group_id)  # lag per partition, held records
@@ -507,6 +555,7 @@ class ConsumerLoop:
     # back in the new assignment: only a partition that did not come back is lost.
 
     def _assigned(self, _added: set[TopicPartition]) -> None:
+        self._membership.rejoined()
         now = set(self.consumer.assignment())
         self._lose(self._owned - now)
         for tp in now - self._owned:
@@ -545,8 +594,10 @@ class ConsumerLoop:
                 offsets[tp] = target
         if not offsets:
             return
-        if commit_offsets(self.consumer, offsets):
+        outcome = commit_offsets(self.consumer, offsets)
+        if outcome == "committed":
             self._committed.update(offsets)
+        self._membership.note(outcome)
 
     def hold_all_partitions(self, waiting: bool) -> None:
         """Pause (True) or resume (False) this consumer's partitions. Paused partitions fetch

@@ -23,4 +23,17 @@ class TransientError(StreamsError):
     lasts, partitions paused and /readyz saying so, and never dead-letters the record."""
 
 
-__all__ = ["KafkaUnavailable", "PublishError", "StreamsError", "TopicError", "TransientError"]
+class OutOfGroup(StreamsError):
+    """The group has refused this member's commits for too long: it no longer owns what it
+    reads (a zombie that could answer what the partitions' new owner answers too). The worker
+    exits so that its restart rejoins as itself (static membership)."""
+
+
+__all__ = [
+    "KafkaUnavailable",
+    "OutOfGroup",
+    "PublishError",
+    "StreamsError",
+    "TopicError",
+    "TransientError",
+]

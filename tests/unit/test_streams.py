@@ -15,7 +15,8 @@ from schemas.events import DeadLetter
 from schemas.examples import example_payload
 from schemas.settings import MintSettings
 from streams import TOPICS, RetryPolicy, StreamsError, TopicError, topic_for, topic_for_type
-from streams.consumer import RecordLoop, commit_offsets, dead_letter
+from streams.consumer import MembershipWatch, RecordLoop, commit_offsets, dead_letter
+from streams.exceptions import OutOfGroup
 from streams.replay import Window, fresh_group, load_processor
 
 SETTINGS = MintSettings(topic_prefix="unit")
@@ -152,9 +153,50 @@ def test_a_commit_lost_to_an_outage_or_rebalance_is_retried_not_raised(error) ->
     # injection run): the commit reports failure and the next poll's commit tries again.
     tp = TopicPartition("unit.infer.requests", 0)
     consumer = _CommitOnce(error)
-    assert commit_offsets(consumer, {tp: 5}) is False
-    assert commit_offsets(consumer, {tp: 5}) is True
+    refused = "refused" if isinstance(error, CommitFailedError) else "deferred"
+    assert commit_offsets(consumer, {tp: 5}) == refused
+    assert commit_offsets(consumer, {tp: 5}) == "committed"
     assert consumer.committed == [{tp: 5}]
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_member_refused_at_every_poll_for_a_minute_is_out_of_its_group() -> None:
+    clock = _Clock()
+    watch = MembershipWatch("unit-serving", limit_s=60, gap_s=15, clock=clock)
+    for _ in range(31):  # a zombie commits at every poll and is refused every time
+        watch.note("refused")
+        clock.now += 2
+    with pytest.raises(OutOfGroup, match="unit-serving.*refused every offset commit"):
+        watch.note("refused")
+
+
+def test_rebalances_outages_and_rejoins_do_not_count_as_absence() -> None:
+    clock = _Clock()
+    watch = MembershipWatch("unit-serving", limit_s=60, gap_s=15, clock=clock)
+    for _ in range(100):  # a refusal now and then (rebalances), commits taken between them
+        watch.note("refused")
+        clock.now += 5
+        watch.note("committed")
+    for _ in range(100):  # a long broker outage: commits deferred, membership unknown
+        watch.note("deferred")
+        clock.now += 5
+    for _ in range(5):  # refusals far apart: each a new rebalance
+        watch.note("refused")
+        clock.now += 30
+    for _ in range(20):  # refused for 40 s, then the rejoin's assignment arrives
+        watch.note("refused")
+        clock.now += 2
+    watch.rejoined()
+    for _ in range(20):
+        watch.note("refused")
+        clock.now += 2
 
 
 def test_a_commit_failing_for_another_reason_propagates() -> None:
