@@ -294,19 +294,22 @@ CommitOutcome = Literal["committed", "refused", "deferred"]
 def commit_offsets(consumer: KafkaConsumer, offsets: dict[TopicPartition, int]) -> CommitOutcome:
     """Commit ``offsets`` (next offset to read per partition).
 
-    "committed": the broker took them. "refused": the group did not (a rebalance moved the
-    partitions, or this member is no longer in the group); the new owner gets the records again.
-    "deferred": the broker is away (killed, restarting); the next poll's commit tries again.
-    Neither is an error (handlers are idempotent on event_id, answers deduped); anything else
-    propagates."""
+    "committed": the broker took them. "refused": the group did not, because this member is not
+    (or no longer) in its current generation, e.g. a handler outlived max_poll_interval_ms; the
+    partitions' owner gets the records again. "deferred": a rebalance is under way, or the
+    broker is away (killed, restarting); the next poll's commit tries again. Neither is an error
+    (handlers are idempotent on event_id, answers deduped); anything else propagates."""
     if not offsets:
         return "committed"
     try:
         consumer.commit({tp: OffsetAndMetadata(o, "", -1) for tp, o in offsets.items()})
         return "committed"
-    except (CommitFailedError, RebalanceInProgressError) as e:
-        # The group moved these partitions on (e.g. a handler outlived max_poll_interval_ms).
-        log.warning("offset commit lost to a rebalance; records will be redelivered", error=str(e))
+    except RebalanceInProgressError as e:  # this member is rejoining: no verdict on membership
+        log.info("offset commit waits for the rebalance under way", error=str(e))
+        return "deferred"
+    except CommitFailedError as e:
+        log.warning("offset commit refused by the group; records will be redelivered",
+                    error=str(e))  # fmt: skip
         return "refused"
     except Exception as e:
         if not is_transient(e):

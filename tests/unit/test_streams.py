@@ -8,7 +8,12 @@ import threading
 import pytest
 from kafka import TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
-from kafka.errors import CommitFailedError, KafkaConnectionError, KafkaTimeoutError
+from kafka.errors import (
+    CommitFailedError,
+    KafkaConnectionError,
+    KafkaTimeoutError,
+    RebalanceInProgressError,
+)
 
 from schemas import EVENT_TYPES, encode_event, make_event
 from schemas.events import DeadLetter
@@ -147,7 +152,8 @@ class _CommitOnce:
 
 
 @pytest.mark.parametrize("error", [KafkaConnectionError("111 ECONNREFUSED"),
-                                   KafkaTimeoutError("broker away"), CommitFailedError("moved")])  # fmt: skip
+                                   KafkaTimeoutError("broker away"), CommitFailedError("moved"),
+                                   RebalanceInProgressError("rejoining")])  # fmt: skip
 def test_a_commit_lost_to_an_outage_or_rebalance_is_retried_not_raised(error) -> None:
     # A broker killed while an engine commits must not kill the engine (it did, in the fault
     # injection run): the commit reports failure and the next poll's commit tries again.
