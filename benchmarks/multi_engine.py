@@ -21,9 +21,9 @@ Modes:
   waiting, skipping what it had answered already (``skipped_redelivered``, from their logs).
 - ``--order-compare``: the same Zipf traffic twice over more adapters than the engines' CPU
   caches (1,000 policies, ``--max-cpu-loras`` 64 per engine), in waves of 240 every 10 s
-  (about what the engines serve): demand-ordered engines, then ``--fifo`` engines. Mean wait (end to end) of
-  the hottest decile of adapters by request count, FIFO / demand (target >= 3), and of all
-  requests; a miss is reported as such (``met`` false).
+  (about what the engines serve): demand-ordered engines, then ``--fifo`` engines. Mean wait
+  (end to end) of the hottest decile of adapters by request count, FIFO / demand (target >= 3),
+  and of all requests; a miss is reported as such (``met`` false).
 
 An engine that joined the group and then silently fell out of it before the traffic starts (its
 heartbeats stopped; seen under heavy CPU load) is restarted and named in ``engine_restarts``.
@@ -76,9 +76,9 @@ PROMPTS = ["hello world", "the cat sat", "2 + 2 =", "once upon a time", "red gre
 GROUP = "serving"  # the engines' group: <prefix>-serving
 # Every figure must equal its target (a lost, duplicated or misplaced answer is a bug).
 TARGETS = {"lost": 0, "duplicates": 0, "double_loads": 0, "failed": 0}
-TARGET_HOT_RATIO = 3.0
+TARGET_HOT_RATIO = 3.0  # FIFO / demand-ordered mean wait of the hottest decile, at least
 DROPPED_S = 30.0  # an engine missing from the stable group this long while it runs fell out
-ASSIGNED = '"partitions assigned"'  # an engine's log line when it got partitions  # FIFO / demand-ordered mean wait of the hottest decile, at least
+ASSIGNED = '"partitions assigned"'  # an engine's log line when it got partitions
 
 console = Console(stderr=True)
 
@@ -208,11 +208,10 @@ def build_catalog(settings: MintSettings, model: Path, n: int, work: Path, *,
 
 def partition_of(tenant: str, policy: str, partitions: int) -> int:
     """The partition of a policy's records (the producer's default partitioner on its key)."""
-    from kafka.partitioner.default import murmur2
-
     from schemas.names import policy_id
+    from streams.topics import partition_for_key
 
-    return (murmur2(policy_id(tenant, policy).encode()) & 0x7FFFFFFF) % partitions
+    return partition_for_key(policy_id(tenant, policy).encode(), partitions)
 
 
 # ------------------------------------------------------------------ engine processes
@@ -890,6 +889,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
         else:
             say(f"kept {work} (logs) and the topics under prefix {settings.topic_prefix}")
+    out["command"] = " ".join(["python benchmarks/multi_engine.py", *(argv or sys.argv[1:])])
     missed = [k for k, v in out.get("met", {}).items() if not v]
     if missed:
         say(f"[red]missed: {', '.join(missed)}")

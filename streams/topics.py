@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import structlog
 from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.partitioner.default import murmur2
 
 from schemas.registry import TOPIC_OF_TYPE
 from schemas.settings import MintSettings
@@ -73,6 +74,12 @@ def topic_for(settings: MintSettings, name: str) -> str:
     if name not in TOPICS:
         raise TopicError(f"topic {name!r} is not in the registry; known: {', '.join(TOPICS)}")
     return settings.topic(name)
+
+
+def partition_for_key(key: bytes, partitions: int) -> int:
+    """The partition a keyed record lands on: kafka-python's default partitioner (murmur2), the
+    one every MinT producer uses. Envelopes are keyed by policy (``Envelope.key``)."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
 def topic_for_type(settings: MintSettings, event_type: str) -> str:

@@ -29,7 +29,6 @@ import structlog
 from kafka import TopicPartition
 from kafka.coordinator.assignors.range import RangePartitionAssignor
 from kafka.errors import KafkaError
-from kafka.partitioner.default import murmur2
 
 from schemas.envelope import Envelope
 from schemas.events import AliasMoved, InferCompleted, InferFailed, InferRequested, LoadRequested
@@ -38,7 +37,7 @@ from schemas.registry import encode_event
 from schemas.settings import MintSettings
 from streams.consumer import ConsumerLoop, RetryPolicy, Stopped, hold_all, run_range
 from streams.producer import EventProducer
-from streams.topics import POLICY_STATE, topic_for, topic_for_type
+from streams.topics import POLICY_STATE, partition_for_key, topic_for, topic_for_type
 from workers.serving.core import ServingCore
 
 log = structlog.get_logger()
@@ -151,7 +150,7 @@ class ServingWorker:
         parts = self._serving.consumer.partitions_for_topic(self._infer_topic) or set()
         if not parts:
             return True
-        p = (murmur2(policy_id(tenant, policy).encode()) & 0x7FFFFFFF) % len(parts)
+        p = partition_for_key(policy_id(tenant, policy).encode(), len(parts))
         return self._serving.owns(TopicPartition(self._infer_topic, sorted(parts)[p]))
 
     def _on_revoked(self, tps: set[TopicPartition]) -> None:

@@ -5,32 +5,15 @@ from the request through the engine's log lines to its result."""
 from __future__ import annotations
 
 import time
-import urllib.request
 import uuid
 
 import structlog
-from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.events import InferCompleted
 from streams import health
+from tests._metrics import scrape, total
 
 from .conftest import PROMPTS
-
-
-def scrape(port: int) -> dict[tuple[str, frozenset], float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def total(samples: dict, name: str, **labels: str) -> float:
-    """Sum of ``name``'s samples whose labels include ``labels``."""
-    want = set(labels.items())
-    return sum(v for (n, lb), v in samples.items() if n == name and want <= lb)
 
 
 def test_engine_metrics_move_with_cold_and_warm_traffic_and_logs_carry_the_request_ids(

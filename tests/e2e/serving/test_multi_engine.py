@@ -45,7 +45,10 @@ class Deployment:
         for i, a in enumerate(self.adapters):
             if i in self.used:
                 continue
-            if partitions is None or me.partition_of(a.tenant, a.policy, 6) in partitions:
+            if (
+                partitions is None
+                or me.partition_of(a.tenant, a.policy, self.settings.topic_partitions) in partitions
+            ):
                 out.append(i)
             if len(out) == n:
                 break

@@ -7,14 +7,11 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
-import urllib.error
-import urllib.request
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from catalog.repository import CatalogRepository
 from mint.sdk import MintClient
 from streams.producer import EventProducer
+from tests._metrics import scrape, total
 from tests.integration.lifecycle._helpers import wait_until
 from tests.integration.lifecycle.test_controller import answer, export
 
@@ -23,24 +20,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def scrape(port: int) -> dict[tuple[str, frozenset], float]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-            text = r.read().decode()
-    except (urllib.error.URLError, ConnectionError):
-        return {}  # not up yet
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def total(samples: dict, name: str, **labels: str) -> float:
-    want = set(labels.items())
-    return sum(v for (n, lb), v in samples.items() if n == name and want <= lb)
 
 
 def log_lines(proc) -> list[dict]:

@@ -143,11 +143,12 @@ def test_a_rebalance_moves_held_requests_to_the_new_owner(settings: MintSettings
 
 def _partition_of(held: Held, request):
     from kafka import TopicPartition
-    from kafka.partitioner.default import murmur2
+
+    from streams.topics import partition_for_key
 
     topic = held.loop.names[0]
     n = len(held.loop.consumer.partitions_for_topic(topic))
-    return TopicPartition(topic, (murmur2(request.key) & 0x7FFFFFFF) % n)
+    return TopicPartition(topic, partition_for_key(request.key, n))
 
 
 def _moved(tenant: str, policy: str, revision: int):

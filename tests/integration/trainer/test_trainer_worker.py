@@ -203,24 +203,11 @@ def test_a_failed_update_is_retried_from_exactly_where_it_started(settings, live
 def test_trainer_metrics_move_when_it_trains(settings, live, tiny_llama: Path) -> None:
     """A scrape of the trainer's /metrics (streams.health, what MINT_METRICS_PORT serves) before
     and after one update: steps, tokens and the finished update are counted."""
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
     from streams import health
+    from tests._metrics import scrape, total
 
     port = health.serve(0)
-
-    def scrape() -> dict[str, float]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-            families = text_string_to_metric_families(r.read().decode())
-        out: dict[str, float] = {}
-        for family in families:
-            for s in family.samples:
-                out[s.name] = out.get(s.name, 0.0) + s.value
-        return out
-
-    before = scrape()
+    before = scrape(port)
     data = write_data(settings, "sft-metrics.jsonl", [
         {"prompt": f"question: {i} plus {i} equals? answer:", "completion": f" {2 * i}"}
         for i in range(8)
@@ -230,12 +217,15 @@ def test_trainer_metrics_move_when_it_trains(settings, live, tiny_llama: Path) -
     stats = run_trainer(settings, TrainerConfig(base_model=str(tiny_llama)), idle_timeout_s=4,
                         max_records=1, retry=RetryPolicy(max_attempts=1))  # fmt: skip
     assert sum(s.handled for s in stats) == 1
-    after = scrape()
+    after = scrape(port)
 
     def moved(name: str) -> float:
-        return after.get(name, 0.0) - before.get(name, 0.0)
+        return total(after, name) - total(before, name)
 
     assert moved("mint_trainer_step_seconds_count") == 3  # the request's steps=3
-    assert moved("mint_trainer_tokens_total") > 0 and after["mint_trainer_tokens_per_second"] > 0
+    assert (
+        moved("mint_trainer_tokens_total") > 0
+        and total(after, "mint_trainer_tokens_per_second") > 0
+    )
     assert moved("mint_trainer_updates_total") == 1
     assert moved("mint_consumer_records_total") >= 1
