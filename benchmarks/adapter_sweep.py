@@ -11,7 +11,7 @@ than the CPU cache holds, demand-grouped waves versus FIFO, side by side on ONE 
 
 - kafka_sweep: the sweep on the production path first (``--kafka-adapters``, default 10,000):
   one request per policy through ``infer.requests``, the catalog, ``load.requests`` and an
-  engine process (benchmarks.multi_engine's harness); the in-process sweep is the second row.
+  engine process (benchmarks._engine_group's harness); the in-process sweep is the second row.
 
 Prints ONE JSON line (``targets`` / ``met``: demand / FIFO throughput >= 3).
 
@@ -35,35 +35,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.report import targets_and_met  # noqa: E402
+
 PROMPTS = ["hello world", "the cat sat", "2 + 2 =", "once upon a time", "red green blue"]
 TARGET_DEMAND_OVER_FIFO = 3.0  # demand-grouped / FIFO requests per second, at least
-
-
-def make_adapters(template: Path, store, fingerprint: str, n: int, work: Path, seed0: int = 0,
-                  *, tenant: str = "sweep", policy_of=None, base_model: str = "tiny"):  # fmt: skip
-    """``n`` distinct PEFT revisions (the template's keys and config, fresh random weights);
-    adapter ``i`` is stored as ``tenant``/``policy_of(i)`` (default ``p{i % 997}``)."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    from workers.serving.working_set import AdapterRef
-
-    shapes = {k: tuple(t.shape) for k, t in load_file(str(template / "adapter_model.safetensors"))
-              .items()}  # fmt: skip
-    config = (template / "adapter_config.json").read_text()
-    src = work / "src"
-    refs = []
-    for i in range(n):
-        g = torch.Generator().manual_seed(seed0 + i)
-        src.mkdir(exist_ok=True)
-        save_file({k: torch.randn(s, generator=g) * 0.3 for k, s in shapes.items()},
-                  str(src / "adapter_model.safetensors"))  # fmt: skip
-        (src / "adapter_config.json").write_text(config)
-        policy = policy_of(i) if policy_of else f"p{i % 997}"
-        st = store.put(src, tenant=tenant, policy=policy, base_model=base_model,
-                       base_model_fingerprint=fingerprint)  # fmt: skip
-        refs.append(AdapterRef(tenant, policy, i + 1, st.digest, st.uri))
-    return refs
 
 
 def serve(engine, ws, requests, *, fifo: bool, burst: int, max_tokens: int):
@@ -85,8 +60,9 @@ def serve(engine, ws, requests, *, fifo: bool, burst: int, max_tokens: int):
                 if digest not in handles:
                     handles[digest] = ws.ensure(requests[i][0])
             ws.used_in_batch(list(handles))
-            outs = engine.generate([GenRequest(requests[i][1], max_tokens, 0.0,
-                                               lora=handles[d]) for d, i in wave])  # fmt: skip
+            outs = engine.generate(
+                [GenRequest(requests[i][1], max_tokens, 0.0, lora=handles[d]) for d, i in wave]
+            )
             for (_, i), o in zip(wave, outs, strict=True):
                 outputs[i] = o.samples[0].token_ids
             waves += 1
@@ -98,17 +74,16 @@ def kafka_sweep(n: int, args: argparse.Namespace) -> dict:
     ``tenant/policy@prod`` published to ``infer.requests``; one engine process (``mint worker
     serving``) resolves it through the catalog, asks ``load.requests`` for the cold adapter,
     loads it, answers on ``infer.results``. Timed from the first publish to the last answer."""
-    from benchmarks.multi_engine import (
-        Collector,
+    from benchmarks._engine_group import (
         EngineGroup,
-        Upstream,
         build_catalog,
         delete_topics,
         drop_keyspace,
         prepare,
         run_settings,
-        tiny_model,  # fmt: skip
+        tiny_model,
     )
+    from benchmarks._traffic import Collector, Upstream
 
     work = Path(tempfile.mkdtemp(prefix="mint-sweep-kafka-"))
     settings = run_settings(work, partitions=3)
@@ -118,9 +93,17 @@ def kafka_sweep(n: int, args: argparse.Namespace) -> dict:
         t0 = time.perf_counter()
         adapters = build_catalog(settings, model, n, work)
         build_s = time.perf_counter() - t0
-        with EngineGroup(settings, model, work / "logs", max_loras=args.max_loras,
-                         max_cpu_loras=args.max_cpu_loras,
-                         max_num_seqs=args.max_num_seqs) as engines, Collector(settings) as seen:  # fmt: skip
+        with (
+            EngineGroup(
+                settings,
+                model,
+                work / "logs",
+                max_loras=args.max_loras,
+                max_cpu_loras=args.max_cpu_loras,
+                max_num_seqs=args.max_num_seqs,
+            ) as engines,
+            Collector(settings) as seen,
+        ):
             engines.start("sweep-0")
             engines.wait_members(["sweep-0"])
             upstream = Upstream(settings, adapters, max_tokens=args.sweep_tokens)
@@ -137,14 +120,19 @@ def kafka_sweep(n: int, args: argparse.Namespace) -> dict:
             secs = time.perf_counter() - t0
             results, loads = seen.snapshot()
         ok = sum(1 for i in ids if any(r.ok for r in results[i]))
-        return {"adapters": n, "build_catalog_s": round(build_s, 2), "seconds": round(secs, 2),
-                "adapters_per_s": round(n / secs, 1), "answered": ok,
-                "failed": sum(1 for i in ids if results[i] and not results[i][0].ok),
-                "answers": sum(len(results[i]) for i in ids),
-                "load_requests": sum(1 for e in loads if e.kind == "load.requested"),
-                "loads": sum(1 for e in loads if e.kind == "load.loaded"),
-                "path": "infer.requests -> catalog resolve -> load.requests -> engine process -> "
-                        "infer.results"}  # fmt: skip
+        return {
+            "adapters": n,
+            "build_catalog_s": round(build_s, 2),
+            "seconds": round(secs, 2),
+            "adapters_per_s": round(n / secs, 1),
+            "answered": ok,
+            "failed": sum(1 for i in ids if results[i] and not results[i][0].ok),
+            "answers": sum(len(results[i]) for i in ids),
+            "load_requests": sum(1 for e in loads if e.kind == "load.requested"),
+            "loads": sum(1 for e in loads if e.kind == "load.loaded"),
+            "path": "infer.requests -> catalog resolve -> load.requests -> engine process -> "
+            "infer.results",
+        }
     finally:
         drop_keyspace(settings)
         delete_topics(settings)
@@ -169,9 +157,12 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=32, help="engine batch size")
     ap.add_argument("--sweep-tokens", type=int, default=4, help="max_tokens in the sweep")
     ap.add_argument("--max-tokens", type=int, default=32, help="max_tokens of Zipf requests")
-    ap.add_argument("--kafka-adapters", type=int, default=None,
-                    help="N of the sweep through Kafka and the catalog (default 10,000; smoke 200; "
-                         "0: skip it)")  # fmt: skip
+    ap.add_argument(
+        "--kafka-adapters",
+        type=int,
+        default=None,
+        help="N of the sweep through Kafka and the catalog (default 10,000; smoke 200; 0: skip it)",
+    )
     args = ap.parse_args()
     n = args.adapters or (1000 if args.smoke else 100_000)
     m = args.zipf_requests or (512 if args.smoke else 2048)
@@ -179,10 +170,7 @@ def main() -> None:
         ap.error("--zipf-adapters must exceed --max-cpu-loras (traffic over more than the cache)")
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
+    from benchmarks._adapters import make_adapters, make_template
     from catalog.artifacts import model_fingerprint
     from catalog.store import AdapterStore
     from schemas.logs import configure_logging
@@ -197,43 +185,59 @@ def main() -> None:
     try:
         model = build_tiny(TinySpec("llama", "test"), work / "model")
         fp = model_fingerprint(model)
-        base = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
-        peft = get_peft_model(
-            base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])
-        )
-        peft.save_pretrained(work / "template")
+        template = make_template(model, work / "template")
         store = AdapterStore(work / "store")
         t0 = time.perf_counter()
-        refs = make_adapters(work / "template", store, fp, n, work)
+        refs = make_adapters(template, store, fp, n, work)
         build_s = time.perf_counter() - t0
-        engine = VllmEngine(EngineConfig(model=str(model), max_loras=args.max_loras,
-                                         max_cpu_loras=args.max_cpu_loras, max_lora_rank=8,
-                                         max_model_len=64, max_num_seqs=args.max_num_seqs))  # fmt: skip
+        engine = VllmEngine(
+            EngineConfig(
+                model=str(model),
+                max_loras=args.max_loras,
+                max_cpu_loras=args.max_cpu_loras,
+                max_lora_rank=8,
+                max_model_len=64,
+                max_num_seqs=args.max_num_seqs,
+            )
+        )
 
         def fresh_ws(name: str) -> WorkingSet:
-            return WorkingSet(engine, store, work / f"cache-{name}", base_model_fingerprint=fp,
-                              max_loras=args.max_loras, max_cpu_loras=args.max_cpu_loras,
-                              max_disk_loras=4 * args.max_cpu_loras,
-                              max_lora_rank=8)  # fmt: skip
+            return WorkingSet(
+                engine,
+                store,
+                work / f"cache-{name}",
+                base_model_fingerprint=fp,
+                max_loras=args.max_loras,
+                max_cpu_loras=args.max_cpu_loras,
+                max_disk_loras=4 * args.max_cpu_loras,
+                max_lora_rank=8,
+            )
 
         rng = random.Random(0)
         try:
             ws = fresh_ws("sweep")
             sweep_reqs = [(r, rng.choice(PROMPTS)) for r in refs]
-            sweep_s, sweep_out, sweep_waves = serve(engine, ws, sweep_reqs, fifo=False,
-                                                    burst=args.burst,
-                                                    max_tokens=args.sweep_tokens)  # fmt: skip
+            sweep_s, sweep_out, sweep_waves = serve(
+                engine, ws, sweep_reqs, fifo=False, burst=args.burst, max_tokens=args.sweep_tokens
+            )
             sweep_counters = ws.counters.as_dict()
             ws.clear()
 
             hot = refs[: args.zipf_adapters]
-            zreqs = [(hot[i], rng.choice(PROMPTS))
-                     for i in zipf_indices(rng, len(hot), m, args.zipf_s)]  # fmt: skip
+            zreqs = [
+                (hot[i], rng.choice(PROMPTS)) for i in zipf_indices(rng, len(hot), m, args.zipf_s)
+            ]
             runs = {}
             for mode in ("fifo", "demand"):
                 ws = fresh_ws(mode)
-                secs, out, waves = serve(engine, ws, zreqs, fifo=mode == "fifo", burst=args.burst,
-                                         max_tokens=args.max_tokens)  # fmt: skip
+                secs, out, waves = serve(
+                    engine,
+                    ws,
+                    zreqs,
+                    fifo=mode == "fifo",
+                    burst=args.burst,
+                    max_tokens=args.max_tokens,
+                )
                 runs[mode] = dict(seconds=secs, out=out, waves=waves, **ws.counters.as_dict())
                 ws.clear()
         finally:
@@ -242,27 +246,44 @@ def main() -> None:
         ratio = (m / runs["demand"]["seconds"]) / (m / runs["fifo"]["seconds"])
 
         def summary(r):
-            return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
-                    if k != "out"}  # fmt: skip
+            return {
+                k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k != "out"
+            }
 
-        print(json.dumps({
-            "benchmark": "adapter_sweep", "smoke": args.smoke, "adapters": n,
-            "kafka_sweep": through_kafka,
-            "sweep_path": "in-process working set of one engine (no Kafka, no catalog): the "
-                          "second row, beside kafka_sweep",
-            "build_adapters_s": round(build_s, 2),
-            "sweep_s": round(sweep_s, 2), "sweep_adapters_per_s": round(n / sweep_s, 1),
-            "sweep_served": len(sweep_out), "sweep_waves": sweep_waves,
-            "sweep_loads": sweep_counters["loads"], "sweep_evictions": sweep_counters["evictions"],
-            "max_loras": args.max_loras, "max_num_seqs": args.max_num_seqs, "max_cpu_loras": args.max_cpu_loras,
-            "zipf_adapters": args.zipf_adapters, "zipf_requests": m, "zipf_s": args.zipf_s,
-            "burst": args.burst, "max_tokens": args.max_tokens, "fifo": summary(runs["fifo"]), "demand": summary(runs["demand"]),
-            "fifo_req_per_s": round(m / runs["fifo"]["seconds"], 1),
-            "demand_req_per_s": round(m / runs["demand"]["seconds"], 1),
-            "demand_over_fifo": round(ratio, 2), "outputs_equal_share": round(same, 4),
-            "targets": {"demand_over_fifo": TARGET_DEMAND_OVER_FIFO},
-            "met": {"demand_over_fifo": ratio >= TARGET_DEMAND_OVER_FIFO},
-        }))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "benchmark": "adapter_sweep",
+                    "smoke": args.smoke,
+                    "adapters": n,
+                    "kafka_sweep": through_kafka,
+                    "sweep_path": "in-process working set of one engine (no Kafka, no catalog): the "
+                    "second row, beside kafka_sweep",
+                    "build_adapters_s": round(build_s, 2),
+                    "sweep_s": round(sweep_s, 2),
+                    "sweep_adapters_per_s": round(n / sweep_s, 1),
+                    "sweep_served": len(sweep_out),
+                    "sweep_waves": sweep_waves,
+                    "sweep_loads": sweep_counters["loads"],
+                    "sweep_evictions": sweep_counters["evictions"],
+                    "max_loras": args.max_loras,
+                    "max_num_seqs": args.max_num_seqs,
+                    "max_cpu_loras": args.max_cpu_loras,
+                    "zipf_adapters": args.zipf_adapters,
+                    "zipf_requests": m,
+                    "zipf_s": args.zipf_s,
+                    "burst": args.burst,
+                    "max_tokens": args.max_tokens,
+                    "fifo": summary(runs["fifo"]),
+                    "demand": summary(runs["demand"]),
+                    "fifo_req_per_s": round(m / runs["fifo"]["seconds"], 1),
+                    "demand_req_per_s": round(m / runs["demand"]["seconds"], 1),
+                    "demand_over_fifo": round(ratio, 2),
+                    "outputs_equal_share": round(same, 4),
+                    **targets_and_met(demand_over_fifo=(ratio, ">=", TARGET_DEMAND_OVER_FIFO)),
+                }
+            )
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

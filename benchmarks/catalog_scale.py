@@ -42,6 +42,7 @@ from pathlib import Path
 from catalog.cluster import connect
 from catalog.importer import import_file
 from catalog.migrate import migrate
+from catalog.refs import parse_ref
 from catalog.repository import CatalogRepository
 from schemas.logs import configure_logging
 from schemas.settings import MintSettings
@@ -49,8 +50,7 @@ from workers.serving.resolution import ResolutionCache
 
 TENANTS = 100
 BASE_MODEL = "qwen3-30b-a3b"
-TARGETS = {"import_rows_per_s": 45_000, "resolve_catalog_p99_ms": 1.5,
-           "resolve_cached_p99_ms": 0.1}  # fmt: skip
+TARGETS = {"import_rows_per_s": 45_000, "resolve_catalog_p99_ms": 1.5, "resolve_cached_p99_ms": 0.1}
 
 
 def names(i: int) -> tuple[str, str]:
@@ -69,9 +69,11 @@ def write_jsonl(path: Path, n_policies: int, per_policy: int) -> int:
             t, p = names(i)
             for n in range(1, per_policy + 1):
                 aliases = ',"aliases":["prod"]' if n == per_policy else ""
-                f.write(f'{{"tenant":"{t}","policy":"{p}","revision":{n},"digest":"{digest(i, n)}",'
-                        f'"uri":"s3://adapters/{t}/{p}/{n}","base_model":"{BASE_MODEL}",'
-                        f'"created_at":"2025-01-01T00:00:00Z","rank":8{aliases}}}\n')  # fmt: skip
+                f.write(
+                    f'{{"tenant":"{t}","policy":"{p}","revision":{n},"digest":"{digest(i, n)}",'
+                    f'"uri":"s3://adapters/{t}/{p}/{n}","base_model":"{BASE_MODEL}",'
+                    f'"created_at":"2025-01-01T00:00:00Z","rank":8{aliases}}}\n'
+                )
     return path.stat().st_size
 
 
@@ -92,8 +94,11 @@ def cpu_seconds(settings: MintSettings) -> dict[str, float | None]:
             node = (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
         except (OSError, ValueError):
             node = None
-    return {"reader": me.ru_utime + me.ru_stime, "writers": kids.ru_utime + kids.ru_stime,
-            "cassandra": node}  # fmt: skip
+    return {
+        "reader": me.ru_utime + me.ru_stime,
+        "writers": kids.ru_utime + kids.ru_stime,
+        "cassandra": node,
+    }
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -101,28 +106,33 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def _summary(lat_ms: list[float], digits: int = 3) -> dict:
-    return {"p50_ms": round(_percentile(lat_ms, 0.5), digits),
-            "p99_ms": round(_percentile(lat_ms, 0.99), digits),
-            "max_ms": round(max(lat_ms), digits), "n": len(lat_ms)}  # fmt: skip
+    return {
+        "p50_ms": round(_percentile(lat_ms, 0.5), digits),
+        "p99_ms": round(_percentile(lat_ms, 0.99), digits),
+        "max_ms": round(max(lat_ms), digits),
+        "n": len(lat_ms),
+    }
 
 
 def time_catalog_resolves(repo: CatalogRepository, refs: list[str], warmup: list[str]) -> dict:
     """One driver read per reference (each policy once, so no read repeats a key); the warm-up
-    opens connections and prepares paths on other policies' keys."""
+    opens connections and prepares paths on other policies' keys. References are parsed first:
+    the engine resolves the Ref it built from a decoded request, it never parses text."""
     for ref in warmup:
         repo.resolve(ref)
     before = load1()
     lat = []
-    for ref in refs:
+    for ref in [parse_ref(r) for r in refs]:
         t0 = time.perf_counter()
         repo.resolve(ref)
         lat.append((time.perf_counter() - t0) * 1000)
     return {**_summary(lat), "load_average_1m": before, "load_average_1m_after": load1()}
 
 
-def time_cached_resolves(repo: CatalogRepository, refs: list[str], passes: int = 5) -> dict:
+def time_cached_resolves(repo: CatalogRepository, texts: list[str], passes: int = 5) -> dict:
     """The serving engine's resolution cache: filled once from the catalog, then hits only."""
-    cache = ResolutionCache(repo.resolve, ttl_s=3600.0, max_entries=len(refs) + 1)
+    cache = ResolutionCache(repo.resolve, ttl_s=3600.0, max_entries=len(texts) + 1)
+    refs = [parse_ref(r) for r in texts]  # as the engine holds them (see time_catalog_resolves)
     for ref in refs:
         cache.resolve(ref)
     before = load1()
@@ -140,8 +150,9 @@ def time_cached_resolves(repo: CatalogRepository, refs: list[str], passes: int =
 _SETTLE_POOLS = {"CompactionExecutor", "MemtableFlushWriter", "MemtablePostFlush"}
 
 
-def settle(session, settings: MintSettings, keyspace: str, tables: list[str],
-           timeout_s: float = 180) -> dict:  # fmt: skip
+def settle(
+    session, settings: MintSettings, keyspace: str, tables: list[str], timeout_s: float = 180
+) -> dict:
     """Flush the memtables (memtable_flush_period_in_ms) and wait until flushes and compactions
     are done: for 3 s in a row no sstable task for the keyspace (``system_views.sstable_tasks``),
     no active or pending task in the node's compaction and flush pools
@@ -154,14 +165,19 @@ def settle(session, settings: MintSettings, keyspace: str, tables: list[str],
     last, stable = None, 0
     while time.monotonic() - t0 < timeout_s and stable < 3:
         time.sleep(1.0)
-        busy = session.execute(
-            "SELECT task_id FROM system_views.sstable_tasks WHERE keyspace_name = %s "
-            "ALLOW FILTERING", (keyspace,)).one() is not None  # fmt: skip
+        busy = (
+            session.execute(
+                "SELECT task_id FROM system_views.sstable_tasks WHERE keyspace_name = %s "
+                "ALLOW FILTERING",
+                (keyspace,),
+            ).one()
+            is not None
+        )
         busy = busy or any(
             r.active_tasks or r.pending_tasks
             for r in session.execute(
                 "SELECT name, active_tasks, pending_tasks FROM system_views.thread_pools"
-            )  # fmt: skip
+            )
             if r.name in _SETTLE_POOLS
         )
         size = _du(local) if local.exists() else None
@@ -169,13 +185,20 @@ def settle(session, settings: MintSettings, keyspace: str, tables: list[str],
         last = size
     for t in tables:
         session.execute(f"ALTER TABLE {keyspace}.{t} WITH memtable_flush_period_in_ms = 0")
-    mib = sum(r.mebibytes for r in session.execute(
-        "SELECT mebibytes FROM system_views.disk_usage WHERE keyspace_name = %s ALLOW FILTERING",
-        (keyspace,)))  # fmt: skip
-    return {"bytes_on_disk": last if last is not None else mib * 2**20, "disk_usage_mib": mib,
-            "disk_measured_by": "du of the data dir" if last is not None else "system_views",
-            "compaction_settled": stable >= 3,
-            "settle_seconds": round(time.monotonic() - t0, 1)}  # fmt: skip
+    mib = sum(
+        r.mebibytes
+        for r in session.execute(
+            "SELECT mebibytes FROM system_views.disk_usage WHERE keyspace_name = %s ALLOW FILTERING",
+            (keyspace,),
+        )
+    )
+    return {
+        "bytes_on_disk": last if last is not None else mib * 2**20,
+        "disk_usage_mib": mib,
+        "disk_measured_by": "du of the data dir" if last is not None else "system_views",
+        "compaction_settled": stable >= 3,
+        "settle_seconds": round(time.monotonic() - t0, 1),
+    }
 
 
 def wait_idle(below: float, timeout_s: float) -> dict:
@@ -183,8 +206,12 @@ def wait_idle(below: float, timeout_s: float) -> dict:
     t0 = time.monotonic()
     while load1() >= below and time.monotonic() - t0 < timeout_s:
         time.sleep(2.0)
-    return {"idle_below": below, "idle_reached": load1() < below,
-            "idle_wait_seconds": round(time.monotonic() - t0, 1), "load_average_1m": load1()}  # fmt: skip
+    return {
+        "idle_below": below,
+        "idle_reached": load1() < below,
+        "idle_wait_seconds": round(time.monotonic() - t0, 1),
+        "load_average_1m": load1(),
+    }
 
 
 def drop_keyspace(session, settings: MintSettings, keyspace: str) -> None:
@@ -244,27 +271,41 @@ def main(argv: list[str] | None = None) -> int:
 
         idle_before = wait_idle(args.idle_load, args.import_idle_timeout)
         load_before, cpu0 = load1(), cpu_seconds(settings)
-        imp = import_file(session, keyspace, src, settings=settings, workers=args.workers,
-                          concurrency=args.concurrency, chunk_rows=args.chunk_rows)  # fmt: skip
+        imp = import_file(
+            session,
+            keyspace,
+            src,
+            settings=settings,
+            workers=args.workers,
+            concurrency=args.concurrency,
+            chunk_rows=args.chunk_rows,
+        )
         load_after, cpu1 = load1(), cpu_seconds(settings)
         c = imp.counts
-        cpu_us = {k: None if cpu1[k] is None else round((cpu1[k] - cpu0[k]) / c.accepted * 1e6, 1)
-                  for k in cpu0}  # fmt: skip
+        cpu_us = {
+            k: None if cpu1[k] is None else round((cpu1[k] - cpu0[k]) / c.accepted * 1e6, 1)
+            for k in cpu0
+        }
         expected = args.policies * args.revisions
         assert imp.complete and c.accepted == expected and c.rejected == 0, imp.as_dict()
 
-        disk = settle(session, settings, keyspace,
-                      ["revisions", "revisions_by_digest", "policies", "aliases",
-                       "alias_history", "tenants"],
-                      timeout_s=30 if args.smoke else 300)  # fmt: skip
+        disk = settle(
+            session,
+            settings,
+            keyspace,
+            ["revisions", "revisions_by_digest", "policies", "aliases", "alias_history", "tenants"],
+            timeout_s=30 if args.smoke else 300,
+        )
         idle = wait_idle(args.idle_load, args.idle_timeout)
         repo = CatalogRepository(session, keyspace)
         rng = random.Random(7)
         picks = rng.sample(range(args.policies), args.lookups + 100)
         measured, warm = picks[: args.lookups], picks[args.lookups :]
         alias_refs = ["{}/{}@prod".format(*names(i)) for i in measured]
-        number_refs = ["{}/{}@{}".format(*names(i), rng.randint(1, args.revisions))
-                       for i in measured[: max(1, args.lookups // 5)]]  # fmt: skip
+        number_refs = [
+            "{}/{}@{}".format(*names(i), rng.randint(1, args.revisions))
+            for i in measured[: max(1, args.lookups // 5)]
+        ]
         check = repo.resolve(alias_refs[0])
         assert check.revision == args.revisions and check.digest == digest(picks[0], args.revisions)
         warm_refs = ["{}/{}@prod".format(*names(i)) for i in warm]
@@ -301,12 +342,12 @@ def main(argv: list[str] | None = None) -> int:
                 "idle_before": idle_before,
                 "load_average_1m_before": load_before,
                 "load_average_1m": load_after,
-            },  # fmt: skip
+            },
             "migrate_seconds": round(migrate_s, 2),
             "settle": {
                 **{k: v for k, v in disk.items() if k.startswith(("compaction", "settle"))},
                 **idle,
-            },  # fmt: skip
+            },
             "resolve_catalog": by_alias,
             "resolve_number": by_number,
             "resolve_cached": cached,

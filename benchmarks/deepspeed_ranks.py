@@ -43,23 +43,36 @@ def _child(args: argparse.Namespace) -> dict:
     from workers.trainer import LoraShape, MultiPolicyTrainer, Rollout, SftExample, TrainerConfig
     from workers.trainer.ranks import start
 
-    config = TrainerConfig(base_model=args.model, backend="deepspeed", deepspeed_port=_free_port(),
-                           torch_threads=args.threads)  # fmt: skip
+    config = TrainerConfig(
+        base_model=args.model,
+        backend="deepspeed",
+        deepspeed_port=_free_port(),
+        torch_threads=args.threads,
+    )
     ranks = args.child
     trainer = MultiPolicyTrainer(config) if ranks == 1 else start(config, ranks)
     try:
         lora = LoraShape(rank=8, alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
         trainer.add_policy(POLICY, lora, seed=0)
         order = list(range(args.rows))[:: -1 if args.reverse else 1]  # the same rows, reordered
-        sft = trainer.collate([
-            SftExample(prompt=f"question: {i} plus {i} equals? answer:", completion=f" {2 * i}")
-            for i in order
-        ])  # fmt: skip
-        rl = trainer.collate([
-            Rollout(prompt=f"count to {i // 4}:", completion=" 1 2 3"[: 2 + 2 * (i % 4)],
-                    reward=float(i % 4 == i // 4 % 4), group=i // 4)
-            for i in order
-        ], add_eos=False)  # fmt: skip
+        sft = trainer.collate(
+            [
+                SftExample(prompt=f"question: {i} plus {i} equals? answer:", completion=f" {2 * i}")
+                for i in order
+            ]
+        )
+        rl = trainer.collate(
+            [
+                Rollout(
+                    prompt=f"count to {i // 4}:",
+                    completion=" 1 2 3"[: 2 + 2 * (i % 4)],
+                    reward=float(i % 4 == i // 4 % 4),
+                    group=i // 4,
+                )
+                for i in order
+            ],
+            add_eos=False,
+        )
         losses, seconds = [], []
         plan = [(sft, trainer.sft_step)] * args.steps + [(rl, trainer.rl_step)] * args.steps
         for batch, step in plan:
@@ -71,9 +84,13 @@ def _child(args: argparse.Namespace) -> dict:
         else:
             held = trainer.optimizer_bytes(POLICY)
         trainer.write_adapter(POLICY, Path(args.out))
-        return {"ranks": ranks, "optimizer_bytes": held, "losses": losses,
-                "step_s_median": statistics.median(seconds[1:] or seconds),
-                "torch_threads": trainer.config.torch_threads}  # fmt: skip
+        return {
+            "ranks": ranks,
+            "optimizer_bytes": held,
+            "losses": losses,
+            "step_s_median": statistics.median(seconds[1:] or seconds),
+            "torch_threads": trainer.config.torch_threads,
+        }
     finally:
         trainer.close()
 
@@ -88,13 +105,27 @@ def _run_children(args: argparse.Namespace, runs: list[tuple[int, Path, bool]]) 
         env.pop(key, None)
 
     def launch(ranks: int, out: Path, reverse: bool) -> subprocess.Popen:
-        cmd = [sys.executable, __file__, "--child", str(ranks), "--out", str(out), "--model",
-               args.model, "--rows", str(args.rows), "--steps", str(args.steps),
-               "--lr", repr(args.lr)] + (["--reverse"] if reverse else [])  # fmt: skip
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            str(ranks),
+            "--out",
+            str(out),
+            "--model",
+            args.model,
+            "--rows",
+            str(args.rows),
+            "--steps",
+            str(args.steps),
+            "--lr",
+            repr(args.lr),
+        ] + (["--reverse"] if reverse else [])
         if args.threads is not None:
             cmd += ["--threads", str(args.threads)]
-        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, cwd=ROOT)  # fmt: skip
+        return subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+        )
 
     if args.smoke:
         procs = [(ranks, launch(ranks, out, rev)) for ranks, out, rev in runs]
@@ -120,8 +151,12 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=16, help="rows per batch (GRPO: groups of 4)")
     ap.add_argument("--steps", type=int, default=6, help="SFT steps, then as many GRPO steps")
     ap.add_argument("--lr", type=float, default=1e-2, help="learning rate (AdamW)")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch threads per rank (default: all cores / ranks)")  # fmt: skip
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads per rank (default: all cores / ranks)",
+    )
     ap.add_argument("--smoke", action="store_true", help="tiny and short (the test suite)")
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -165,32 +200,36 @@ def main() -> None:
     ratios = [held / total for held in many["optimizer_bytes"]]
     target = 1 / args.ranks
     met_memory = all(abs(r - target) <= 0.1 * target for r in ratios)
-    print(json.dumps({
-        "benchmark": "deepspeed_ranks",
-        "smoke": args.smoke,
-        "ranks": args.ranks,
-        "model": f"random-weight llama ({args.size})" if built else args.model,
-        "training": f"LoRA r=8 q/k/v/o; {args.steps} SFT + {args.steps} GRPO ppo_clip steps, "
-                    f"{args.rows} rows (GRPO groups of 4), lr {args.lr:g}, fp32, ZeRO-2, gloo",
-        "optimizer_bytes_one_rank": total,
-        "optimizer_bytes_per_rank": many["optimizer_bytes"],
-        "ratio_per_rank": [round(r, 4) for r in ratios],
-        "target_ratio": round(target, 4),
-        "max_weight_diff": diff,
-        "weight_tolerance": WEIGHT_TOLERANCE,
-        # One rank against itself with the rows reordered: what fp32 summation order alone
-        # makes of the same steps (AdamW divides by sqrt(v), so tiny gradients amplify it).
-        "max_weight_diff_one_rank_reordered": floor,
-        "max_lora_b": moved,
-        "max_loss_diff": max(abs(x - y) for x, y in zip(*losses, strict=True)),
-        "first_loss": one["losses"][0],
-        "last_sft_loss": one["losses"][args.steps - 1],
-        "step_s_median_one_rank": round(one["step_s_median"], 4),
-        "step_s_median_n_ranks": round(many["step_s_median"], 4),
-        "torch_threads_per_rank": {"one": one["torch_threads"], "n": many["torch_threads"]},
-        "cpu_cores": os.cpu_count(),
-        "met": met_memory and diff <= WEIGHT_TOLERANCE,
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "benchmark": "deepspeed_ranks",
+                "smoke": args.smoke,
+                "ranks": args.ranks,
+                "model": f"random-weight llama ({args.size})" if built else args.model,
+                "training": f"LoRA r=8 q/k/v/o; {args.steps} SFT + {args.steps} GRPO ppo_clip steps, "
+                f"{args.rows} rows (GRPO groups of 4), lr {args.lr:g}, fp32, ZeRO-2, gloo",
+                "optimizer_bytes_one_rank": total,
+                "optimizer_bytes_per_rank": many["optimizer_bytes"],
+                "ratio_per_rank": [round(r, 4) for r in ratios],
+                "target_ratio": round(target, 4),
+                "max_weight_diff": diff,
+                "weight_tolerance": WEIGHT_TOLERANCE,
+                # One rank against itself with the rows reordered: what fp32 summation order alone
+                # makes of the same steps (AdamW divides by sqrt(v), so tiny gradients amplify it).
+                "max_weight_diff_one_rank_reordered": floor,
+                "max_lora_b": moved,
+                "max_loss_diff": max(abs(x - y) for x, y in zip(*losses, strict=True)),
+                "first_loss": one["losses"][0],
+                "last_sft_loss": one["losses"][args.steps - 1],
+                "step_s_median_one_rank": round(one["step_s_median"], 4),
+                "step_s_median_n_ranks": round(many["step_s_median"], 4),
+                "torch_threads_per_rank": {"one": one["torch_threads"], "n": many["torch_threads"]},
+                "cpu_cores": os.cpu_count(),
+                "met": met_memory and diff <= WEIGHT_TOLERANCE,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

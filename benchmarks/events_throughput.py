@@ -26,6 +26,7 @@ import threading
 import time
 import uuid
 
+from benchmarks.report import targets_and_met
 from schemas import decode_event, encode_event, make_event
 from schemas.examples import example_payload
 from schemas.logs import configure_logging
@@ -45,7 +46,7 @@ def _events(n: int) -> list:
             tenant="bench",
             policy=f"p{i % POLICIES}",
             producer="bench",
-        )  # fmt: skip
+        )
         for i in range(n)
     ]
 
@@ -100,17 +101,21 @@ def run(n: int) -> dict[str, object]:
                 first[0] = time.perf_counter()
             seen += 1
 
-        consumer = threading.Thread(target=run_consumer, daemon=True,
-                                    args=(settings, ["export.events"], "bench", handle),
-                                    kwargs={"max_records": backlog + n, "stop": done})  # fmt: skip
+        consumer = threading.Thread(
+            target=run_consumer,
+            daemon=True,
+            args=(settings, ["export.events"], "bench", handle),
+            kwargs={"max_records": backlog + n, "stop": done},
+        )
         consumer.start()
         _wait(lambda: seen >= backlog, consumer, "the backlog")
         consume_s = time.perf_counter() - first[0]
 
         ctx = mp.get_context("spawn")
         go, done_at = ctx.Event(), ctx.Value("d", 0.0)
-        producer = ctx.Process(target=_producer_process,
-                               args=(settings.model_dump_json(), n, go, done_at))  # fmt: skip
+        producer = ctx.Process(
+            target=_producer_process, args=(settings.model_dump_json(), n, go, done_at)
+        )
         producer.start()
         _wait(lambda: seen >= backlog + 1, consumer, "the producer process to connect")
         t = time.perf_counter()
@@ -142,8 +147,7 @@ def run(n: int) -> dict[str, object]:
         "consume_vs_validate": round(consume_eps / validate_eps, 3),
         "pipeline_vs_produce": round(pipeline_eps / produce_eps, 3),
         "pipeline_vs_validate": round(pipeline_eps / validate_eps, 3),
-        "targets": {"pipeline_eps": TARGET_PIPELINE_EPS},
-        "met": {"pipeline_eps": pipeline_eps >= TARGET_PIPELINE_EPS},
+        **targets_and_met(pipeline_eps=(pipeline_eps, ">=", TARGET_PIPELINE_EPS)),
     }
 
 

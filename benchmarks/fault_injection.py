@@ -40,8 +40,13 @@ FULL = SERVICES + WORKERS
 SMOKE = ("kafka", "cassandra", "trainer")
 POLICY = "chaos"
 # What must hold after every fault (each figure equals its target).
-TARGETS = {"lost": 0, "duplicate_revisions": 0, "transient_dead_letters": 0,
-           "catalog_equals_replay": True, "requests_unanswered": 0}  # fmt: skip
+TARGETS = {
+    "lost": 0,
+    "duplicate_revisions": 0,
+    "transient_dead_letters": 0,
+    "catalog_equals_replay": True,
+    "requests_unanswered": 0,
+}
 
 
 class Traffic(threading.Thread):
@@ -63,9 +68,12 @@ class Traffic(threading.Thread):
         from schemas import make_event
         from schemas.events import InferRequested
 
-        env = make_event(InferRequested(request_id=request_id, prompt=prompt, max_tokens=4),
-                         tenant=self.client.tenant, policy=POLICY,
-                         producer=self.client.name)  # fmt: skip
+        env = make_event(
+            InferRequested(request_id=request_id, prompt=prompt, max_tokens=4),
+            tenant=self.client.tenant,
+            policy=POLICY,
+            producer=self.client.name,
+        )
         self._send(request_id, env)
 
     def _send(self, request_id: str, env) -> None:
@@ -166,14 +174,21 @@ def inject(fault: str, settings, workers, down_s: float) -> None:
         workers.start_worker(fault)
 
 
-def run(faults: tuple[str, ...], down_s: float, steps: int, smoke: bool, keep: bool,
-        secure: bool = False) -> dict:  # fmt: skip
+def run(
+    faults: tuple[str, ...],
+    down_s: float,
+    steps: int,
+    smoke: bool,
+    keep: bool,
+    secure: bool = False,
+) -> dict:
     from catalog.claims import write_jsonl
     from catalog.cluster import connect
     from catalog.migrate import migrate
     from catalog.rebuild import replay_differences
-    from mint.demo import PROMPTS, TENANT, Workers, tiny_model, wait_projected
+    from mint.demo import PROMPTS, TENANT
     from mint.dev import launcher
+    from mint.dev.workers import Workers, tiny_model, wait_projected
     from mint.sdk import MintClient, rollouts_to_examples
     from schemas.events import LoraSpec, UpdateRequested
     from schemas.settings import MintSettings
@@ -182,20 +197,32 @@ def run(faults: tuple[str, ...], down_s: float, steps: int, smoke: bool, keep: b
 
     run_id = uuid.uuid4().hex[:6]
     state = Path(tempfile.mkdtemp(prefix="mint-fault-"))
-    s = MintSettings().model_copy(update={
-        "topic_prefix": f"chaos-{run_id}", "keyspace": f"chaos_{run_id}", "state_dir": state,
-        "kafka_bootstrap": "127.0.0.1:29092", "kafka_controller_port": 29093,
-        "cassandra_port": 29042, "cassandra_storage_port": 27000,
-        "store_uri": str(state / "store"), "models_dir": state / "models",
-    })  # fmt: skip
+    s = MintSettings().model_copy(
+        update={
+            "topic_prefix": f"chaos-{run_id}",
+            "keyspace": f"chaos_{run_id}",
+            "state_dir": state,
+            "kafka_bootstrap": "127.0.0.1:29092",
+            "kafka_controller_port": 29093,
+            "cassandra_port": 29042,
+            "cassandra_storage_port": 27000,
+            "store_uri": str(state / "store"),
+            "models_dir": state / "models",
+        }
+    )
     admin = s
     if secure:  # credentials and ACLs on; the SDK runs as `operator`, each worker as itself
         from mint.dev.secure import secure_settings, setup
 
         admin, s = secure_settings(s, "admin"), secure_settings(s, "operator")
     t0 = time.monotonic()
-    out: dict = {"benchmark": "fault_injection", "smoke": smoke, "faults": list(faults),
-                 "down_s": down_s, "secure": secure}  # fmt: skip
+    out: dict = {
+        "benchmark": "fault_injection",
+        "smoke": smoke,
+        "faults": list(faults),
+        "down_s": down_s,
+        "secure": secure,
+    }
     workers = client = traffic = None
     try:
         out["services_ready_s"] = {k: round(v, 1) for k, v in launcher.up(admin).items()}
@@ -212,36 +239,65 @@ def run(faults: tuple[str, ...], down_s: float, steps: int, smoke: bool, keep: b
         lora = LoraSpec(rank=8, alpha=16, target_modules=["q_proj", "v_proj"])
         latest = client.init_policy(POLICY, lora=lora).revision
         client.promote(POLICY, latest, reason="baseline")
-        ro = client.rollout(POLICY, PROMPTS, revision=latest, reward="even_tokens",
-                            samples_per_prompt=4, max_tokens=8, seed=1)  # fmt: skip
-        data = write_jsonl(client.store, TENANT, POLICY, "data", "chaos",
-                           rollouts_to_examples(ro.rows))  # fmt: skip
+        ro = client.rollout(
+            POLICY,
+            PROMPTS,
+            revision=latest,
+            reward="even_tokens",
+            samples_per_prompt=4,
+            max_tokens=8,
+            seed=1,
+        )
+        data = write_jsonl(
+            client.store, TENANT, POLICY, "data", "chaos", rollouts_to_examples(ro.rows)
+        )
         updates = 1  # init_policy's
         traffic = Traffic(client)
         traffic.start()
         recovery: dict[str, float] = {}
         breakdown: dict[str, dict[str, float]] = {}
         for i, fault in enumerate(faults):
-            cmd = client.send(POLICY, UpdateRequested(
-                base_model=str(model), parent_revision=latest, objective="rl", data_uri=data,
-                steps=steps, batch_size=len(ro.rows), learning_rate=1e-2, lora=lora,
-            ))  # fmt: skip
+            cmd = client.send(
+                POLICY,
+                UpdateRequested(
+                    base_model=str(model),
+                    parent_revision=latest,
+                    objective="rl",
+                    data_uri=data,
+                    steps=steps,
+                    batch_size=len(ro.rows),
+                    learning_rate=1e-2,
+                    lora=lora,
+                ),
+            )
             time.sleep(1.0)  # the update is running (or queued behind the trainer's poll)
             t_kill = time.monotonic()
             print(f"fault {i + 1}/{len(faults)}: kill -9 {fault}", file=sys.stderr, flush=True)
             inject(fault, admin, workers, down_s)
             probe = f"probe-{fault}-{i}"
             traffic.send(probe, PROMPTS[0])
-            export = watched(workers, lambda timeout_s, c=cmd: client.wait_caused_by(
-                c, "export.completed", timeout_s=timeout_s))  # fmt: skip
+            export = watched(
+                workers,
+                lambda timeout_s, c=cmd: client.wait_caused_by(
+                    c, "export.completed", timeout_s=timeout_s
+                ),
+            )
             exported_s = time.monotonic() - t_kill
-            watched(workers, lambda timeout_s, p=probe: client.wait_for(
-                lambda e: e.type in ("infer.completed", "infer.failed")
-                and e.payload.request_id == p, timeout_s=timeout_s,
-                what=f"the answer to {p}"))  # fmt: skip
+            watched(
+                workers,
+                lambda timeout_s, p=probe: client.wait_for(
+                    lambda e: (
+                        e.type in ("infer.completed", "infer.failed") and e.payload.request_id == p
+                    ),
+                    timeout_s=timeout_s,
+                    what=f"the answer to {p}",
+                ),
+            )
             recovery[fault] = round(time.monotonic() - t_kill, 1)
-            breakdown[fault] = {"update_exported_s": round(exported_s, 1),
-                                "probe_answered_s": round(time.monotonic() - t_kill, 1)}  # fmt: skip
+            breakdown[fault] = {
+                "update_exported_s": round(exported_s, 1),
+                "probe_answered_s": round(time.monotonic() - t_kill, 1),
+            }
             updates += 1
             latest = export.payload.revision
             client.promote(POLICY, latest, reason=f"after the {fault} fault")
@@ -263,22 +319,30 @@ def run(faults: tuple[str, ...], down_s: float, steps: int, smoke: bool, keep: b
         workers.stop_all()
         problems = replay_differences(session, s, read_log(s))
         cluster.shutdown()
-        out.update({
-            "events_sent": len(traffic.sent) + updates + 2 * len(faults),
-            "requests_sent": len(traffic.sent), "send_retries": traffic.send_retries,
-            "requests_never_confirmed": traffic.pending,
-            "requests_unanswered": len(unanswered), "requests_failed": len(failed),
-            "updates": updates,
-            "lost": len(unanswered) + max(0, updates - len(exports_per_update)),
-            "duplicate_revisions": max(0, len(revisions) - updates)
-            + sum(len(v) - 1 for v in exports_per_update.values()),
-            "transient_dead_letters": dead_letters(s),
-            "catalog_equals_replay": not problems, "replay_problems": [p[:2000] for p in problems[:5]],
-            "recovery_seconds": recovery, "recovery_breakdown": breakdown,
-            "answer_latency_s_max": round(max((got[r] - traffic.sent[r] for r in got
-                                               if r in traffic.sent), default=0.0), 1),
-            "targets": TARGETS,
-        })  # fmt: skip
+        out.update(
+            {
+                "events_sent": len(traffic.sent) + updates + 2 * len(faults),
+                "requests_sent": len(traffic.sent),
+                "send_retries": traffic.send_retries,
+                "requests_never_confirmed": traffic.pending,
+                "requests_unanswered": len(unanswered),
+                "requests_failed": len(failed),
+                "updates": updates,
+                "lost": len(unanswered) + max(0, updates - len(exports_per_update)),
+                "duplicate_revisions": max(0, len(revisions) - updates)
+                + sum(len(v) - 1 for v in exports_per_update.values()),
+                "transient_dead_letters": dead_letters(s),
+                "catalog_equals_replay": not problems,
+                "replay_problems": [p[:2000] for p in problems[:5]],
+                "recovery_seconds": recovery,
+                "recovery_breakdown": breakdown,
+                "answer_latency_s_max": round(
+                    max((got[r] - traffic.sent[r] for r in got if r in traffic.sent), default=0.0),
+                    1,
+                ),
+                "targets": TARGETS,
+            }
+        )
         out["met"] = {k: out[k] == v for k, v in TARGETS.items()}
     finally:
         if traffic is not None:
@@ -297,8 +361,9 @@ def run(faults: tuple[str, ...], down_s: float, steps: int, smoke: bool, keep: b
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--smoke", action="store_true", help=f"faults {', '.join(SMOKE)} only")
     ap.add_argument("--faults", help=f"comma-separated, in order, from {', '.join(FULL)}")
     ap.add_argument("--down-s", type=float, default=3.0, help="seconds a killed part stays down")

@@ -37,6 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.report import targets_and_met  # noqa: E402
+
 TARGET_ADDED_P50_MS = 15.0
 PROMPT = "the cat sat on the"
 
@@ -55,25 +57,46 @@ def make_adapter(model: Path, out: Path) -> Path:
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
-    get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])
-                   ).save_pretrained(out)  # fmt: skip
+    get_peft_model(
+        base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])
+    ).save_pretrained(out)
     g = torch.Generator().manual_seed(0)
     weights = out / "adapter_model.safetensors"
-    save_file({k: (torch.randn(t.shape, generator=g) * 0.3).contiguous()
-               for k, t in load_file(str(weights)).items()}, str(weights))  # fmt: skip
+    save_file(
+        {
+            k: (torch.randn(t.shape, generator=g) * 0.3).contiguous()
+            for k, t in load_file(str(weights)).items()
+        },
+        str(weights),
+    )
     return out
 
 
 def start_gateway(settings, log: Path):
     from gateway.main import _free_port
-    from mint.demo import Workers
+    from mint.dev.workers import Workers
 
     port = _free_port("127.0.0.1")
     env = Workers(settings, Path("."), log.parent).env()
-    proc = subprocess.Popen([sys.executable, "-m", "mint.cli", "--log-format", "json", "gateway",
-                             "--port", str(port), "--instance-id", "bench-gw"], env=env,
-                            stdout=log.open("ab"), stderr=subprocess.STDOUT,
-                            start_new_session=True, cwd=ROOT)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mint.cli",
+            "--log-format",
+            "json",
+            "gateway",
+            "--port",
+            str(port),
+            "--instance-id",
+            "bench-gw",
+        ],
+        env=env,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        cwd=ROOT,
+    )
     return proc, f"http://127.0.0.1:{port}"
 
 
@@ -114,6 +137,7 @@ def main() -> None:
     from catalog.artifacts import model_fingerprint
     from catalog.cluster import connect
     from catalog.migrate import migrate
+    from catalog.models import Resolved
     from catalog.repository import CatalogRepository
     from catalog.store import AdapterStore
     from schemas.logs import configure_logging
@@ -124,15 +148,20 @@ def main() -> None:
     from workers.serving.engine import EngineConfig, GenRequest, VllmEngine
     from workers.serving.resolution import ResolutionCache
     from workers.serving.worker import ServingWorker
-    from workers.serving.working_set import AdapterRef, WorkingSet
+    from workers.serving.working_set import WorkingSet
 
     configure_logging("WARNING", "console")
     structlog.get_logger()
     work = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
     tag = uuid.uuid4().hex[:8]
-    settings = MintSettings().model_copy(update={
-        "topic_prefix": f"bench-gw-{tag}", "keyspace": f"bench_gw_{tag}",
-        "store_uri": str(work / "store"), "state_dir": work / "state"})  # fmt: skip
+    settings = MintSettings().model_copy(
+        update={
+            "topic_prefix": f"bench-gw-{tag}",
+            "keyspace": f"bench_gw_{tag}",
+            "store_uri": str(work / "store"),
+            "state_dir": work / "state",
+        }
+    )
     ensure_topics(settings)
     cluster, session = connect(settings)
     engine = serving = gateway = None
@@ -145,8 +174,13 @@ def main() -> None:
         access = AccessRepository(session, settings.keyspace)
         store = AdapterStore.from_settings(settings)
         fingerprint = model_fingerprint(model)
-        stored = store.put(adapter, tenant="bench", policy="chat", base_model="tiny",
-                           base_model_fingerprint=fingerprint)  # fmt: skip
+        stored = store.put(
+            adapter,
+            tenant="bench",
+            policy="chat",
+            base_model="tiny",
+            base_model_fingerprint=fingerprint,
+        )
         repo.create_policy("bench", "chat", "tiny")
         rev = repo.register_revision("bench", "chat", digest=stored.digest, store_uri=stored.uri)
         repo.move_alias("bench", "chat", "prod", rev.revision, expected=None, by="bench")
@@ -154,22 +188,46 @@ def main() -> None:
         key, _ = access.create_key("bench", name="bench")
 
         gateway, url = start_gateway(settings, work / "gateway.log")  # starts beside vLLM
-        config = EngineConfig(model=str(model), engine_id="bench-engine", max_loras=2,
-                              max_cpu_loras=4, max_model_len=128, max_num_seqs=32)  # fmt: skip
+        config = EngineConfig(
+            model=str(model),
+            engine_id="bench-engine",
+            max_loras=2,
+            max_cpu_loras=4,
+            max_model_len=128,
+            max_num_seqs=32,
+        )
         engine = VllmEngine(config)
-        ws = WorkingSet(engine, store, work / "cache", base_model_fingerprint=fingerprint,
-                        max_loras=2, max_cpu_loras=4, max_disk_loras=16, max_lora_rank=16)  # fmt: skip
-        core = ServingCore(engine, ws, ResolutionCache(repo.resolve, ttl_s=2.0),
-                           engine_id="bench-engine", base_model="tiny", max_num_seqs=32)  # fmt: skip
+        ws = WorkingSet(
+            engine,
+            store,
+            work / "cache",
+            base_model_fingerprint=fingerprint,
+            max_loras=2,
+            max_cpu_loras=4,
+            max_disk_loras=16,
+            max_lora_rank=16,
+        )
+        core = ServingCore(
+            engine,
+            ws,
+            ResolutionCache(repo.resolve, ttl_s=2.0),
+            engine_id="bench-engine",
+            base_model="tiny",
+            max_num_seqs=32,
+        )
         worker = ServingWorker(settings, core, stop=stop, instance_id="bench-engine")
         serving = threading.Thread(target=worker.run, name="serving", daemon=True)
         serving.start()
         wait_ready(url, gateway, work / "gateway.log")
 
-        handle = ws.ensure(AdapterRef("bench", "chat", rev.revision, rev.digest, rev.store_uri))
+        handle = ws.ensure(Resolved("bench", "chat", rev.revision, rev.digest, rev.store_uri))
         direct_req = GenRequest(PROMPT, args.max_tokens, 0.0, lora=handle)
-        body = {"model": "chat@prod", "prompt": PROMPT, "max_tokens": args.max_tokens,
-                "temperature": 0}  # fmt: skip
+        body = {
+            "model": "chat@prod",
+            "prompt": PROMPT,
+            "max_tokens": args.max_tokens,
+            "temperature": 0,
+        }
         headers = {"Authorization": f"Bearer {key.text}"}
         http = httpx.Client(base_url=url, headers=headers, timeout=120)
         errors = 0
@@ -205,8 +263,9 @@ def main() -> None:
         same = http.post("/v1/completions", json=body).json()["choices"][0]["text"]
         same_as_direct = same == engine.generate([direct_req])[0].samples[0].text
 
-        clients = [httpx.Client(base_url=url, headers=headers, timeout=300)
-                   for _ in range(args.clients)]  # fmt: skip
+        clients = [
+            httpx.Client(base_url=url, headers=headers, timeout=300) for _ in range(args.clients)
+        ]
 
         def client_loop(k: int) -> int:
             bad = 0
@@ -234,25 +293,37 @@ def main() -> None:
             c.close()
 
         added_p50 = pct(added, 0.5)
-        print(json.dumps({
-            "benchmark": "gateway_latency", "smoke": args.smoke, "model": "tiny-llama (test)",
-            "max_tokens": args.max_tokens, "pairs": pairs, "clients": args.clients,
-            "concurrent_requests": total, "errors": errors, "same_answer": same_as_direct,
-            "direct_p50_ms": round(pct(direct_ms, 0.5), 2),
-            "direct_p99_ms": round(pct(direct_ms, 0.99), 2),
-            "gateway_p50_ms": round(pct(gw_ms, 0.5), 2),
-            "gateway_p99_ms": round(pct(gw_ms, 0.99), 2),
-            "added_p50_ms": round(added_p50, 2), "added_p99_ms": round(pct(added, 0.99), 2),
-            "added_mean_ms": round(statistics.fmean(added), 2),
-            "outside_engine_p50_ms": round(pct(outside, 0.5), 2),
-            "outside_engine_p99_ms": round(pct(outside, 0.99), 2),
-            "gateway_rps": round(gateway_rps, 1), "inprocess_batch_rps": round(inprocess_rps, 1),
-            "inprocess_threads_rps": round(inprocess_threads_rps, 1),
-            "gateway_over_inprocess_rps": round(gateway_rps / inprocess_rps, 3),
-            "load_1m": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(),
-            "targets": {"added_p50_ms": TARGET_ADDED_P50_MS},
-            "met": {"added_p50_ms": added_p50 <= TARGET_ADDED_P50_MS},
-        }))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "benchmark": "gateway_latency",
+                    "smoke": args.smoke,
+                    "model": "tiny-llama (test)",
+                    "max_tokens": args.max_tokens,
+                    "pairs": pairs,
+                    "clients": args.clients,
+                    "concurrent_requests": total,
+                    "errors": errors,
+                    "same_answer": same_as_direct,
+                    "direct_p50_ms": round(pct(direct_ms, 0.5), 2),
+                    "direct_p99_ms": round(pct(direct_ms, 0.99), 2),
+                    "gateway_p50_ms": round(pct(gw_ms, 0.5), 2),
+                    "gateway_p99_ms": round(pct(gw_ms, 0.99), 2),
+                    "added_p50_ms": round(added_p50, 2),
+                    "added_p99_ms": round(pct(added, 0.99), 2),
+                    "added_mean_ms": round(statistics.fmean(added), 2),
+                    "outside_engine_p50_ms": round(pct(outside, 0.5), 2),
+                    "outside_engine_p99_ms": round(pct(outside, 0.99), 2),
+                    "gateway_rps": round(gateway_rps, 1),
+                    "inprocess_batch_rps": round(inprocess_rps, 1),
+                    "inprocess_threads_rps": round(inprocess_threads_rps, 1),
+                    "gateway_over_inprocess_rps": round(gateway_rps / inprocess_rps, 3),
+                    "load_1m": round(os.getloadavg()[0], 2),
+                    "cpus": os.cpu_count(),
+                    **targets_and_met(added_p50_ms=(added_p50, "<=", TARGET_ADDED_P50_MS)),
+                }
+            )
+        )
     finally:
         stop.set()
         if gateway is not None:

@@ -34,6 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.report import targets_and_met  # noqa: E402
+
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PROMPTS = ["question: 1 plus 2", "hello world", "the model", "red green blue"]
 TARGET_HANDOFF_RATIO = 20  # merged / adapter-only handoff seconds, at least
@@ -69,8 +71,12 @@ def main() -> None:
     ap.add_argument("--model", type=Path, default=None, help="reuse a built model folder")
     ap.add_argument("--iterations", type=int, default=None)
     ap.add_argument("--rank", type=int, default=8)
-    ap.add_argument("--pretrained", choices=["smollm2-135m-instruct"], default=None,
-                    help="a real model (mint models fetch) and its task's chat prompts")  # fmt: skip
+    ap.add_argument(
+        "--pretrained",
+        choices=["smollm2-135m-instruct"],
+        default=None,
+        help="a real model (mint models fetch) and its task's chat prompts",
+    )
     args = ap.parse_args()
     size = args.pretrained or args.size or ("test" if args.smoke else "small")
     iterations = args.iterations or (2 if args.smoke else 3)
@@ -78,12 +84,13 @@ def main() -> None:
     import os
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from catalog.models import Resolved
     from catalog.store import AdapterStore
     from schemas.logs import configure_logging
     from workers.models import TinySpec, build_tiny
     from workers.serving.engine import EngineConfig, GenRequest, VllmEngine
     from workers.serving.rewards import get_reward
-    from workers.serving.working_set import AdapterRef, WorkingSet
+    from workers.serving.working_set import WorkingSet
     from workers.trainer import LoraShape, MultiPolicyTrainer, Rollout, TrainerConfig
 
     configure_logging("WARNING", "console")
@@ -101,16 +108,35 @@ def main() -> None:
             model = args.model or build_tiny(TinySpec("llama", size), work / "model")
         dtype = "bfloat16" if size == "small" else "float32"
         store = AdapterStore(work / "store")
-        trainer = MultiPolicyTrainer(TrainerConfig(base_model=str(model), dtype=dtype,
-                                                   max_seq_len=128), store)  # fmt: skip
-        trainer.add_policy("bench", LoraShape(rank=args.rank, alpha=2.0 * args.rank,
-                                              target_modules=ALL_LINEAR), seed=0)  # fmt: skip
-        engine = VllmEngine(EngineConfig(model=str(model), max_loras=2, max_cpu_loras=4,
-                                         max_lora_rank=max(8, args.rank), max_model_len=128,
-                                         max_num_seqs=16, dtype=dtype))  # fmt: skip
-        ws = WorkingSet(engine, store, work / "cache", base_model_fingerprint=trainer.fingerprint,
-                        max_loras=2, max_cpu_loras=4, max_disk_loras=8,
-                        max_lora_rank=max(8, args.rank))  # fmt: skip
+        trainer = MultiPolicyTrainer(
+            TrainerConfig(base_model=str(model), dtype=dtype, max_seq_len=128), store
+        )
+        trainer.add_policy(
+            "bench",
+            LoraShape(rank=args.rank, alpha=2.0 * args.rank, target_modules=ALL_LINEAR),
+            seed=0,
+        )
+        engine = VllmEngine(
+            EngineConfig(
+                model=str(model),
+                max_loras=2,
+                max_cpu_loras=4,
+                max_lora_rank=max(8, args.rank),
+                max_model_len=128,
+                max_num_seqs=16,
+                dtype=dtype,
+            )
+        )
+        ws = WorkingSet(
+            engine,
+            store,
+            work / "cache",
+            base_model_fingerprint=trainer.fingerprint,
+            max_loras=2,
+            max_cpu_loras=4,
+            max_disk_loras=8,
+            max_lora_rank=max(8, args.rank),
+        )
         merged_dir = work / "merged"
         merged_dir.mkdir()
         for name in ("config.json", "generation_config.json"):
@@ -121,7 +147,7 @@ def main() -> None:
         def adapter_handoff(rev: int):
             t0 = time.perf_counter()
             stored = trainer.export("bench", "bench", "policy")
-            handle = ws.ensure(AdapterRef("bench", "policy", rev, stored.digest, stored.uri))
+            handle = ws.ensure(Resolved("bench", "policy", rev, stored.digest, stored.uri))
             return time.perf_counter() - t0, handle, stored
 
         _, handle, stored = adapter_handoff(1)  # the initial revision the first rollout uses
@@ -129,15 +155,25 @@ def main() -> None:
         try:
             for it in range(iterations):
                 t0 = time.perf_counter()
-                outs = engine.generate([GenRequest(p, 16, 1.0, seed=it, n=4, logprobs=True,
-                                                   lora=handle, chat=chat)
-                                        for p in prompts])  # fmt: skip
+                outs = engine.generate(
+                    [
+                        GenRequest(p, 16, 1.0, seed=it, n=4, logprobs=True, lora=handle, chat=chat)
+                        for p in prompts
+                    ]
+                )
                 rollout_s = time.perf_counter() - t0
-                batch = [Rollout(prompt_ids=o.prompt_token_ids, completion_ids=s.token_ids,
-                                 logprobs=s.logprobs, reward=reward(q, s.text, s.token_ids),
-                                 group=g)
-                         for g, (q, o) in enumerate(zip(prompts, outs, strict=True))
-                         for s in o.samples if s.token_ids]  # fmt: skip
+                batch = [
+                    Rollout(
+                        prompt_ids=o.prompt_token_ids,
+                        completion_ids=s.token_ids,
+                        logprobs=s.logprobs,
+                        reward=reward(q, s.text, s.token_ids),
+                        group=g,
+                    )
+                    for g, (q, o) in enumerate(zip(prompts, outs, strict=True))
+                    for s in o.samples
+                    if s.token_ids
+                ]
                 t0 = time.perf_counter()
                 trainer.rl_step("bench", trainer.collate(batch, add_eos=False), lr=1e-4)
                 update_s = time.perf_counter() - t0
@@ -155,11 +191,20 @@ def main() -> None:
                 engine.reload_weights(model)  # restore the base (untimed)
                 lora_probe = [GenRequest(p, 8, 0.0, lora=handle, chat=chat) for p in prompts]
                 adapter_tokens = [o.samples[0].token_ids for o in engine.generate(lora_probe)]
-                same.append(sum(a == b for a, b in zip(adapter_tokens, merged_tokens,
-                                                       strict=True)) / len(prompts))  # fmt: skip
-                rows.append(dict(rollout_s=rollout_s, update_s=update_s, adapter_s=adapter_s,
-                                 merged_s=merged_s, merged_save_s=save_s,
-                                 merged_reload_s=merged_s - save_s))  # fmt: skip
+                same.append(
+                    sum(a == b for a, b in zip(adapter_tokens, merged_tokens, strict=True))
+                    / len(prompts)
+                )
+                rows.append(
+                    dict(
+                        rollout_s=rollout_s,
+                        update_s=update_s,
+                        adapter_s=adapter_s,
+                        merged_s=merged_s,
+                        merged_save_s=save_s,
+                        merged_reload_s=merged_s - save_s,
+                    )
+                )
         finally:
             engine.close()
             trainer.close()
@@ -170,24 +215,34 @@ def main() -> None:
         step_adapter = med["rollout_s"] + med["update_s"] + med["adapter_s"]
         step_merged = med["rollout_s"] + med["update_s"] + med["merged_s"]
         ratio = med["merged_s"] / med["adapter_s"]
-        print(json.dumps({
-            "benchmark": "handoff_latency", "smoke": args.smoke, "size": size, "dtype": dtype,
-            "model": args.pretrained or f"tiny-llama-{size}",
-            "rank": args.rank, "iterations": iterations,
-            "adapter_bytes": adapter_bytes, "checkpoint_bytes": ckpt_bytes,
-            "byte_ratio": round(ckpt_bytes / adapter_bytes, 1),
-            "adapter_handoff_s": round(med["adapter_s"], 4),
-            "merged_handoff_s": round(med["merged_s"], 4),
-            "merged_save_s": round(med["merged_save_s"], 4),
-            "merged_reload_s": round(med["merged_reload_s"], 4),
-            "handoff_ratio": round(ratio, 2),
-            "rollout_s": round(med["rollout_s"], 4), "update_s": round(med["update_s"], 4),
-            "rl_step_adapter_s": round(step_adapter, 4), "rl_step_merged_s": round(step_merged, 4),
-            "rl_step_ratio": round(step_merged / step_adapter, 3),
-            "merged_matches_adapter_share": round(statistics.mean(same), 3),
-            "targets": {"handoff_ratio": TARGET_HANDOFF_RATIO},
-            "met": {"handoff_ratio": ratio >= TARGET_HANDOFF_RATIO},
-        }))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "benchmark": "handoff_latency",
+                    "smoke": args.smoke,
+                    "size": size,
+                    "dtype": dtype,
+                    "model": args.pretrained or f"tiny-llama-{size}",
+                    "rank": args.rank,
+                    "iterations": iterations,
+                    "adapter_bytes": adapter_bytes,
+                    "checkpoint_bytes": ckpt_bytes,
+                    "byte_ratio": round(ckpt_bytes / adapter_bytes, 1),
+                    "adapter_handoff_s": round(med["adapter_s"], 4),
+                    "merged_handoff_s": round(med["merged_s"], 4),
+                    "merged_save_s": round(med["merged_save_s"], 4),
+                    "merged_reload_s": round(med["merged_reload_s"], 4),
+                    "handoff_ratio": round(ratio, 2),
+                    "rollout_s": round(med["rollout_s"], 4),
+                    "update_s": round(med["update_s"], 4),
+                    "rl_step_adapter_s": round(step_adapter, 4),
+                    "rl_step_merged_s": round(step_merged, 4),
+                    "rl_step_ratio": round(step_merged / step_adapter, 3),
+                    "merged_matches_adapter_share": round(statistics.mean(same), 3),
+                    **targets_and_met(handoff_ratio=(ratio, ">=", TARGET_HANDOFF_RATIO)),
+                }
+            )
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -123,8 +123,14 @@ def _libc():
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
         libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                              ctypes.c_int, ctypes.c_long]  # fmt: skip
+        libc.mmap.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_long,
+        ]
         libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
         libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
         return libc
@@ -193,12 +199,17 @@ def measure(cases: dict[str, tuple[Path, Callable]], work: Path, repeats: int) -
             load(path)
             warm[name].append((time.perf_counter() - t0) * 1000)
     figures = {
-        name: {"cold_ms": round(statistics.median(cold[name]), 2),
-               "warm_ms": round(statistics.median(warm[name]), 2)}
+        name: {
+            "cold_ms": round(statistics.median(cold[name]), 2),
+            "warm_ms": round(statistics.median(warm[name]), 2),
+        }
         for name in cases
-    }  # fmt: skip
-    return {"figures": figures, "results": results,
-            "cold_resident_fraction": round(max(resident), 4) if resident else None}  # fmt: skip
+    }
+    return {
+        "figures": figures,
+        "results": results,
+        "cold_resident_fraction": round(max(resident), 4) if resident else None,
+    }
 
 
 def per_expert_phases(path: Path, repeats: int) -> dict[str, float]:
@@ -215,8 +226,11 @@ def per_expert_phases(path: Path, repeats: int) -> dict[str, float]:
         stacks.append((t2 - t1) * 1000)
     n = len(tensors)
     read_ms = statistics.median(reads)
-    return {"get_tensor_ms": round(read_ms, 2), "us_per_tensor": round(read_ms * 1000 / n, 1),
-            "stack_ms": round(statistics.median(stacks), 2)}  # fmt: skip
+    return {
+        "get_tensor_ms": round(read_ms, 2),
+        "us_per_tensor": round(read_ms * 1000 / n, 1),
+        "stack_ms": round(statistics.median(stacks), 2),
+    }
 
 
 def count_tensors(path: Path) -> int:
@@ -259,16 +273,20 @@ def main(argv: list[str] | None = None) -> int:
         cases = {
             "per_expert": (work / "per_expert.safetensors", load_per_expert),
             "packed": (work / "packed.safetensors", load_packed),
-            "per_expert_pread": (work / "per_expert.safetensors",
-                                 lambda p: load_per_expert(p, backend="pread")),
+            "per_expert_pread": (
+                work / "per_expert.safetensors",
+                lambda p: load_per_expert(p, backend="pread"),
+            ),
             "packed_mmap": (work / "packed.safetensors", lambda p: load_packed(p, backend="mmap")),
             "trainer_peft": (work / "trainer_peft.safetensors", loader_trainer_layout(config)),
             "trainer_packed": (work / "trainer_packed.safetensors", load_packed),
-        }  # fmt: skip
+        }
         m = measure(cases, work, args.repeats)
         f, res = m["figures"], m["results"]
-        equal = all(same(res[name], packed) for name in
-                    ("per_expert", "packed", "per_expert_pread", "packed_mmap"))  # fmt: skip
+        equal = all(
+            same(res[name], packed)
+            for name in ("per_expert", "packed", "per_expert_pread", "packed_mmap")
+        )
         equal_trainer = same(res["trainer_peft"], trainer_packed) and same(
             res["trainer_packed"], trainer_packed
         )
@@ -289,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
                 "projections": ["gate_proj", "up_proj", "down_proj"],
                 "repeats": args.repeats,
                 "torch_threads": args.threads,
-            },  # fmt: skip
+            },
             "tensors_per_expert": count["per_expert"],
             "tensors_packed": count["packed"],
             "bytes_per_expert": size["per_expert"],

@@ -55,8 +55,9 @@ def _child(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     from workers.trainer import LoraShape, MultiPolicyTrainer, Rollout, TrainerConfig
 
-    trainer = MultiPolicyTrainer(TrainerConfig(base_model=args.model, backend=args.backend,
-                                               dtype=args.dtype))  # fmt: skip
+    trainer = MultiPolicyTrainer(
+        TrainerConfig(base_model=args.model, backend=args.backend, dtype=args.dtype)
+    )
     ptrs = trainer.base_parameter_ptrs()
     lora = LoraShape(rank=8, alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
     batches = {}
@@ -64,8 +65,10 @@ def _child(args: argparse.Namespace) -> dict:
         pid = f"bench/policy-{i}"
         trainer.add_policy(pid, lora, seed=i)
         rows = trainer.sample(pid, PROMPTS, n=args.samples, max_new_tokens=args.tokens, seed=i)
-        rollouts = [Rollout(**r, reward=sum(t % 2 == 0 for t in r["completion_ids"]) / args.tokens)
-                    for r in rows]  # fmt: skip
+        rollouts = [
+            Rollout(**r, reward=sum(t % 2 == 0 for t in r["completion_ids"]) / args.tokens)
+            for r in rows
+        ]
         batches[pid] = trainer.collate(rollouts, add_eos=False)
     step_times: list[float] = []
 
@@ -74,8 +77,11 @@ def _child(args: argparse.Namespace) -> dict:
 
     for pid in batches:  # warm-up (first-step allocations), also the latency calibration
         step(pid)
-    latency = args.latency_s if args.latency_s is not None else (
-        args.latency_factor * statistics.median(step_times))  # fmt: skip
+    latency = (
+        args.latency_s
+        if args.latency_s is not None
+        else (args.latency_factor * statistics.median(step_times))
+    )
     step_times.clear()
     waits: list[float] = []
 
@@ -114,11 +120,28 @@ def _child(args: argparse.Namespace) -> dict:
 
 
 def _run_child(args: argparse.Namespace, mode: str, latency: float | None) -> dict:
-    cmd = [sys.executable, __file__, "--child", mode, "--model", args.model,
-           "--iterations", str(args.iterations), "--threads", str(args.threads),
-           "--samples", str(args.samples), "--tokens", str(args.tokens),
-           "--backend", args.backend, "--dtype", args.dtype,
-           "--latency-factor", str(args.latency_factor)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        mode,
+        "--model",
+        args.model,
+        "--iterations",
+        str(args.iterations),
+        "--threads",
+        str(args.threads),
+        "--samples",
+        str(args.samples),
+        "--tokens",
+        str(args.tokens),
+        "--backend",
+        args.backend,
+        "--dtype",
+        args.dtype,
+        "--latency-factor",
+        str(args.latency_factor),
+    ]
     if latency is not None:
         cmd += ["--latency-s", repr(latency)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MINT_LOG_LEVEL": "WARNING"}
@@ -137,8 +160,9 @@ def kafka_rollouts(args: argparse.Namespace) -> dict:
 
     from catalog.cluster import connect
     from catalog.migrate import migrate
-    from mint.demo import LORA_TARGETS, TENANT, Workers, demo_model, demo_settings
+    from mint.demo import LORA_TARGETS, TENANT, demo_model, demo_settings
     from mint.demo import TINY as task
+    from mint.dev.workers import Workers
     from mint.sdk import MintClient
     from schemas.events import LoraSpec
     from schemas.settings import get_settings
@@ -158,10 +182,19 @@ def kafka_rollouts(args: argparse.Namespace) -> dict:
         own = MintClient(settings, TENANT, producer=f"bench-{policy}", timeout_s=900)  # per thread
         own.base_models[policy] = str(model)
         try:
-            own.train(policy, PROMPTS, rounds=args.iterations, reward=task.reward,
-                      samples_per_prompt=args.samples, max_tokens=args.tokens,
-                      temperature=1.0, learning_rate=task.learning_rate, steps_per_round=1,
-                      start_revision=start, seed=1)  # fmt: skip
+            own.train(
+                policy,
+                PROMPTS,
+                rounds=args.iterations,
+                reward=task.reward,
+                samples_per_prompt=args.samples,
+                max_tokens=args.tokens,
+                temperature=1.0,
+                learning_rate=task.learning_rate,
+                steps_per_round=1,
+                start_revision=start,
+                seed=1,
+            )
         finally:
             own.close()
 
@@ -195,8 +228,10 @@ def kafka_rollouts(args: argparse.Namespace) -> dict:
                             done.result()  # a failed round fails the benchmark
                 wall = time.perf_counter() - t0
             phases[mode] = {"wall_s": wall, "peak_rss_mb": workers.peak_rss_mb}
-            print(f"{mode}: {wall:.1f} s, workers' peak PSS {workers.peak_rss_mb:.0f} MB",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"{mode}: {wall:.1f} s, workers' peak PSS {workers.peak_rss_mb:.0f} MB",
+                file=sys.stderr,
+            )
     finally:
         if client is not None:
             client.close()
@@ -211,8 +246,12 @@ def main() -> None:
     ap.add_argument("--model", help="base model folder (default: build a tiny Llama)")
     ap.add_argument("--size", choices=["test", "small"], default="test")
     ap.add_argument("--iterations", type=int, default=8, help="GRPO steps per policy")
-    ap.add_argument("--latency-factor", type=float, default=3.0,
-                    help="rollout wait = factor × median train step")  # fmt: skip
+    ap.add_argument(
+        "--latency-factor",
+        type=float,
+        default=3.0,
+        help="rollout wait = factor × median train step",
+    )
     ap.add_argument("--latency-s", type=float, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (both modes)")
     ap.add_argument("--samples", type=int, default=8, help="rollouts per prompt (4 prompts)")
@@ -221,8 +260,12 @@ def main() -> None:
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     ap.add_argument("--smoke", action="store_true", help="tiny and short (the test suite)")
     ap.add_argument("--child", choices=["sequential", "concurrent"], help=argparse.SUPPRESS)
-    ap.add_argument("--rollouts", choices=["simulated", "kafka"], default="simulated",
-                    help="kafka: real vLLM rollouts through Kafka by the worker processes")  # fmt: skip
+    ap.add_argument(
+        "--rollouts",
+        choices=["simulated", "kafka"],
+        default="simulated",
+        help="kafka: real vLLM rollouts through Kafka by the worker processes",
+    )
     args = ap.parse_args()
     if args.child:
         args.mode = args.child
@@ -250,65 +293,80 @@ def main() -> None:
                 args.model = str(build_tiny(TinySpec("llama", args.size), Path(tmp) / "base"))
         seq = _run_child(args, "sequential", None)
         conc = _run_child(args, "concurrent", seq["latency_s"])  # the same wait in both modes
+    print(
+        json.dumps(
+            {
+                "benchmark": "multi_policy_training",
+                "smoke": args.smoke,
+                "policies": POLICIES,
+                "iterations_per_policy": args.iterations,
+                "model": f"random-weight llama ({args.size})"
+                if "mint-bench-" in args.model
+                else args.model,
+                "base_parameters": seq["base_parameters"],
+                "backend": args.backend,
+                "dtype": args.dtype,
+                "torch_threads": args.threads,
+                "loss": "GRPO ppo_clip, group-relative advantages, LoRA r=8 on q/k/v/o",
+                "rollouts": "simulated (time.sleep)",
+                "rollout_wait": (
+                    f"time.sleep of {seq['latency_s']:.4f} s per iteration standing in for "
+                    f"remote rollout latency ({args.latency_factor} x the median train "
+                    "step); rollouts sampled from the model once at start and reused"
+                ),
+                # Steps after a sleep run on cold caches (and share the CPU with whatever else runs),
+                # back-to-back steps on warm ones: both medians are shown.
+                "sequential_train_step_s_median": round(seq["train_step_s_median"], 5),
+                "concurrent_train_step_s_median": round(conc["train_step_s_median"], 5),
+                "sequential_wall_s": round(seq["wall_s"], 3),
+                "concurrent_wall_s": round(conc["wall_s"], 3),
+                "sequential_peak_rss_mb": round(seq["peak_rss_mb"], 1),
+                "concurrent_peak_rss_mb": round(conc["peak_rss_mb"], 1),
+                "base_weight_copies": 1,
+                **_versus(seq, conc),
+            }
+        )
+    )
+
+
+def _versus(seq: dict, conc: dict) -> dict:
+    """The line's two ratios, sequential / concurrent wall time and concurrent / sequential peak
+    memory, rounded, with their ``targets`` and ``met``."""
+    from benchmarks.report import targets_and_met
+
     wall_ratio = seq["wall_s"] / conc["wall_s"]
     rss_ratio = conc["peak_rss_mb"] / seq["peak_rss_mb"]
-    print(json.dumps({
-        "benchmark": "multi_policy_training",
-        "smoke": args.smoke,
-        "policies": POLICIES,
-        "iterations_per_policy": args.iterations,
-        "model": f"random-weight llama ({args.size})" if "mint-bench-" in args.model else args.model,
-        "base_parameters": seq["base_parameters"],
-        "backend": args.backend,
-        "dtype": args.dtype,
-        "torch_threads": args.threads,
-        "loss": "GRPO ppo_clip, group-relative advantages, LoRA r=8 on q/k/v/o",
-        "rollouts": "simulated (time.sleep)",
-        "rollout_wait": (f"time.sleep of {seq['latency_s']:.4f} s per iteration standing in for "
-                         f"remote rollout latency ({args.latency_factor} x the median train "
-                         "step); rollouts sampled from the model once at start and reused"),
-        # Steps after a sleep run on cold caches (and share the CPU with whatever else runs),
-        # back-to-back steps on warm ones: both medians are shown.
-        "sequential_train_step_s_median": round(seq["train_step_s_median"], 5),
-        "concurrent_train_step_s_median": round(conc["train_step_s_median"], 5),
-        "sequential_wall_s": round(seq["wall_s"], 3),
-        "concurrent_wall_s": round(conc["wall_s"], 3),
+    return {
         "wall_time_ratio": round(wall_ratio, 3),
-        "sequential_peak_rss_mb": round(seq["peak_rss_mb"], 1),
-        "concurrent_peak_rss_mb": round(conc["peak_rss_mb"], 1),
         "peak_rss_ratio": round(rss_ratio, 4),
-        "base_weight_copies": 1,
-        "targets": {"wall_time_ratio": TARGET_WALL_TIME_RATIO,
-                    "peak_rss_ratio": TARGET_PEAK_RSS_RATIO},
-        "met": {"wall_time_ratio": wall_ratio >= TARGET_WALL_TIME_RATIO,
-                "peak_rss_ratio": rss_ratio <= TARGET_PEAK_RSS_RATIO},
-    }))  # fmt: skip
+        **targets_and_met(
+            wall_time_ratio=(wall_ratio, ">=", TARGET_WALL_TIME_RATIO),
+            peak_rss_ratio=(rss_ratio, "<=", TARGET_PEAK_RSS_RATIO),
+        ),
+    }
 
 
 def print_kafka_line(args: argparse.Namespace, phases: dict) -> None:
     seq, conc = phases["sequential"], phases["concurrent"]
-    wall_ratio = seq["wall_s"] / conc["wall_s"]
-    rss_ratio = conc["peak_rss_mb"] / seq["peak_rss_mb"]
-    print(json.dumps({
-        "benchmark": "multi_policy_training",
-        "smoke": args.smoke,
-        "policies": POLICIES,
-        "rounds_per_policy": args.iterations,
-        "model": args.model or "random-weight llama (test), the demo's tiny model",
-        "rollouts": "vLLM engine worker through Kafka (rollout.requests -> rollout.results)",
-        "samples": f"{len(PROMPTS)} prompts x {args.samples}, {args.tokens} tokens",
-        "sequential_wall_s": round(seq["wall_s"], 2),
-        "concurrent_wall_s": round(conc["wall_s"], 2),
-        "wall_time_ratio": round(wall_ratio, 3),
-        "sequential_peak_pss_mb": round(seq["peak_rss_mb"], 1),
-        "concurrent_peak_pss_mb": round(conc["peak_rss_mb"], 1),
-        "peak_rss_ratio": round(rss_ratio, 4),
-        "memory": "sum of PSS of every worker process (trainer, engine, projector, controller)",
-        "targets": {"wall_time_ratio": TARGET_WALL_TIME_RATIO,
-                    "peak_rss_ratio": TARGET_PEAK_RSS_RATIO},
-        "met": {"wall_time_ratio": wall_ratio >= TARGET_WALL_TIME_RATIO,
-                "peak_rss_ratio": rss_ratio <= TARGET_PEAK_RSS_RATIO},
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "benchmark": "multi_policy_training",
+                "smoke": args.smoke,
+                "policies": POLICIES,
+                "rounds_per_policy": args.iterations,
+                "model": args.model or "random-weight llama (test), the demo's tiny model",
+                "rollouts": "vLLM engine worker through Kafka (rollout.requests -> rollout.results)",
+                "samples": f"{len(PROMPTS)} prompts x {args.samples}, {args.tokens} tokens",
+                "sequential_wall_s": round(seq["wall_s"], 2),
+                "concurrent_wall_s": round(conc["wall_s"], 2),
+                "sequential_peak_pss_mb": round(seq["peak_rss_mb"], 1),
+                "concurrent_peak_pss_mb": round(conc["peak_rss_mb"], 1),
+                "memory": "sum of PSS of every worker process (trainer, engine, projector, controller)",
+                **_versus(seq, conc),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import operator
 import os
 import subprocess
 import sys
@@ -71,6 +72,21 @@ class Row:
     error: str | None = None
 
 
+def failed(benchmark: str, command: str, error: str, smoke: bool = False) -> Row:
+    """The one row of a run or a saved line that gave no figures, with the reason."""
+    return Row(benchmark, "—", None, None, None, command, smoke=smoke, error=error)
+
+
+def targets_and_met(**checks: tuple[float, str, float]) -> dict[str, dict]:
+    """A line's ``targets`` and ``met`` in the shape this report reads: ``figure=(measured, op,
+    target)`` with op ``>=`` or ``<=``, judged on the measurement before it is rounded."""
+    holds = {">=": operator.ge, "<=": operator.le}
+    return {
+        "targets": {figure: target for figure, (_, _, target) in checks.items()},
+        "met": {figure: holds[op](m, target) for figure, (m, op, target) in checks.items()},
+    }
+
+
 def default_command(name: str, smoke: bool) -> str:
     extra = " ".join(["--smoke", *SMOKE_ARGS.get(name, [])]) if smoke else ""
     return f"python -m benchmarks.{name}" + (f" {extra}" if extra else "")
@@ -105,8 +121,11 @@ def rows_of(record: dict, command: str | None = None) -> list[Row]:
         for figure, target in targets.items():
             measured = lookup(record, figure)
             ok = met.get(figure)
-            if ok is None and measured is not None and (target is True or target is False
-                                                        or target == 0):  # fmt: skip
+            if (
+                ok is None
+                and measured is not None
+                and (target is True or target is False or target == 0)
+            ):
                 ok = measured == target
             rows.append(Row(name, figure, target, measured, ok, cmd, smoke))
         return rows
@@ -116,11 +135,31 @@ def rows_of(record: dict, command: str | None = None) -> list[Row]:
         ok = met if isinstance(met, bool) else None
         pairs = SCALAR_FIGURES.get(name)
         if not pairs:  # an unknown benchmark: the line as one figure
-            return [Row(name, "line", record.get(target_key) if target_key else None, None, ok,
-                        cmd, smoke, whole_line=True)]  # fmt: skip
-        return [Row(name, figure, record.get(tkey, record.get(target_key)), record.get(figure),
-                    ok, cmd, smoke, whole_line=len(pairs) > 1)
-                for figure, tkey in pairs]  # fmt: skip
+            return [
+                Row(
+                    name,
+                    "line",
+                    record.get(target_key) if target_key else None,
+                    None,
+                    ok,
+                    cmd,
+                    smoke,
+                    whole_line=True,
+                )
+            ]
+        return [
+            Row(
+                name,
+                figure,
+                record.get(tkey, record.get(target_key)),
+                record.get(figure),
+                ok,
+                cmd,
+                smoke,
+                whole_line=len(pairs) > 1,
+            )
+            for figure, tkey in pairs
+        ]
     return [Row(name, "(no target)", None, None, None, cmd, smoke)]
 
 
@@ -169,8 +208,15 @@ def _cell(text: str) -> str:
 
 def verdict(row: Row, md: bool = False) -> str:
     """met, missed, failed or ? (unknown); ``*`` where the line's one met stands for it."""
-    word = ("failed" if row.error is not None else "?" if row.met is None
-            else "met" if row.met else "missed")  # fmt: skip
+    word = (
+        "failed"
+        if row.error is not None
+        else "?"
+        if row.met is None
+        else "met"
+        if row.met
+        else "missed"
+    )
     star = "*" if row.whole_line and row.error is None and row.met is not None else ""
     if not md:
         return word + star
@@ -181,25 +227,40 @@ def markdown(rows: list[Row], source: str) -> str:
     smoke = any(r.smoke for r in rows)
     lines = ["# Benchmark report", "", f"Source: {source}."]
     if smoke:
-        lines += ["", "Rows marked (smoke) come from `--smoke` runs: tiny configurations that show "
-                  "the benchmark runs and which way it points; they are not the full-run figures."]  # fmt: skip
-    lines += ["", "| benchmark | figure | target | measured | met | command |",
-              "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        lines += [
+            "",
+            "Rows marked (smoke) come from `--smoke` runs: tiny configurations that show "
+            "the benchmark runs and which way it points; they are not the full-run figures.",
+        ]
+    lines += [
+        "",
+        "| benchmark | figure | target | measured | met | command |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         name = r.benchmark + (" (smoke)" if r.smoke else "")
         target = f"{direction(r)} {fmt(r.target)}".strip() if r.target is not None else "—"
         measured = f"error: {r.error}" if r.error is not None else fmt(r.measured)
-        lines.append("| " + " | ".join(_cell(c) for c in (
-            name, r.figure, target, measured, verdict(r, md=True), f"`{r.command}`")) + " |")  # fmt: skip
+        lines.append(
+            "| "
+            + " | ".join(
+                _cell(c)
+                for c in (name, r.figure, target, measured, verdict(r, md=True), f"`{r.command}`")
+            )
+            + " |"
+        )
     notes = []
     if any(r.whole_line for r in rows):
-        notes.append("\\* the line has one target and one `met` for all its figures; it is shown "
-                     "on each of them.")  # fmt: skip
+        notes.append(
+            "\\* the line has one target and one `met` for all its figures; it is shown "
+            "on each of them."
+        )
     met = sum(r.met is True for r in rows)
     missed = sum(r.met is False and r.error is None for r in rows)
     failed = sum(r.error is not None for r in rows)
-    notes.append(f"{met} met, {missed} missed, {failed} failed, "
-                 f"{len(rows) - met - missed - failed} unknown.")  # fmt: skip
+    notes.append(
+        f"{met} met, {missed} missed, {failed} failed, {len(rows) - met - missed - failed} unknown."
+    )
     return "\n".join(lines + [""] + notes) + "\n"
 
 
@@ -225,8 +286,7 @@ def chart(rows: list[Row], path: Path, title: str) -> None:
     height = max(2.5, 0.45 * len(drawn) + 1.8)
     fig, ax = plt.subplots(figsize=(9, height))
     labels = [f"{r.benchmark}{' (smoke)' if r.smoke else ''}: {r.figure}" for r, _ in drawn]
-    colours = ["#2e7d32" if r.met else "#c62828" if r.met is False else "#9e9e9e"
-               for r, _ in drawn]  # fmt: skip
+    colours = ["#2e7d32" if r.met else "#c62828" if r.met is False else "#9e9e9e" for r, _ in drawn]
     ys = list(range(len(drawn)))[::-1]
     ax.barh(ys, [q for _, q in drawn], color=colours)
     for y, (r, q) in zip(ys, drawn, strict=True):
@@ -262,66 +322,74 @@ def read_dir(folder: Path) -> list[Row]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                rows.append(Row(path.stem, "—", None, None, None, f"{path.name}:{n}",
-                                error=f"not JSON ({e.msg})"))  # fmt: skip
+                rows.append(failed(path.stem, f"{path.name}:{n}", f"not JSON ({e.msg})"))
                 continue
             rows.extend(rows_of(record))
     return rows
 
 
 def benchmark_names() -> list[str]:
-    return sorted(p.stem for p in HERE.glob("*.py") if p.stem not in ("report", "__init__"))
+    """The runnable benchmarks: not this report, nor the underscore modules they share."""
+    return sorted(p.stem for p in HERE.glob("*.py") if p.stem != "report" and p.stem[0] != "_")
 
 
 def run_smoke(name: str, timeout_s: float) -> list[Row]:
     """Run one benchmark's smoke mode; its rows, or one failed row with the reason."""
     cmd = [sys.executable, "-m", f"benchmarks.{name}", "--smoke", *SMOKE_ARGS.get(name, [])]
     shown = default_command(name, smoke=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+    }
     t0 = time.monotonic()
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=timeout_s, check=False)  # fmt: skip
+        proc = subprocess.run(
+            cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s, check=False
+        )
     except subprocess.TimeoutExpired:
-        return [Row(name, "—", None, None, None, shown, smoke=True,
-                    error=f"timed out after {timeout_s:.0f} s")]  # fmt: skip
+        return [failed(name, shown, f"timed out after {timeout_s:.0f} s", smoke=True)]
     print(f"{name}: exit {proc.returncode} after {time.monotonic() - t0:.0f} s", file=sys.stderr)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if not lines:  # a line with a missed zero still counts (fault_injection exits 1 then)
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]
-        return [Row(name, "—", None, None, None, shown, smoke=True,
-                    error=f"exit {proc.returncode}, no JSON line: {tail}")]  # fmt: skip
+        return [failed(name, shown, f"exit {proc.returncode}, no JSON line: {tail}", smoke=True)]
     try:
         record = json.loads(lines[-1])
     except json.JSONDecodeError as e:
-        return [Row(name, "—", None, None, None, shown, smoke=True,
-                    error=f"not JSON ({e.msg})")]  # fmt: skip
+        return [failed(name, shown, f"not JSON ({e.msg})", smoke=True)]
     record.setdefault("smoke", True)
     return rows_of(record, command=shown)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n".join(__doc__.splitlines()[1:]))  # fmt: skip
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.splitlines()[1:]),
+    )
     source = ap.add_mutually_exclusive_group(required=True)
     source.add_argument("--smoke", action="store_true", help="run every benchmark's --smoke")
-    source.add_argument("--from", dest="folder", type=Path,
-                        help="read saved JSON lines from DIR/*.jsonl")  # fmt: skip
+    source.add_argument(
+        "--from", dest="folder", type=Path, help="read saved JSON lines from DIR/*.jsonl"
+    )
     ap.add_argument("--only", help="comma-separated benchmark names (--smoke)")
     ap.add_argument("--skip", help="comma-separated benchmark names not to run (--smoke)")
-    ap.add_argument("--timeout", type=float, default=None,
-                    help=f"seconds per smoke run (default {DEFAULT_TIMEOUT_S}, "
-                         f"fault_injection {SMOKE_TIMEOUT_S['fault_injection']})")  # fmt: skip
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help=f"seconds per smoke run (default {DEFAULT_TIMEOUT_S}, "
+        f"fault_injection {SMOKE_TIMEOUT_S['fault_injection']})",
+    )
     ap.add_argument("--out", type=Path, help="write the Markdown here (default: stdout)")
     ap.add_argument("--png", type=Path, help="write the bar chart here")
     args = ap.parse_args(argv)
 
     if args.smoke:
         names = benchmark_names()
-        unknown = [n for arg in (args.only, args.skip) if arg for n in arg.split(",")
-                   if n not in names]  # fmt: skip
+        unknown = [
+            n for arg in (args.only, args.skip) if arg for n in arg.split(",") if n not in names
+        ]
         if unknown:
             ap.error(f"unknown benchmark {unknown[0]!r}: choose from {', '.join(names)}")
         if args.only:
@@ -331,8 +399,11 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for name in names:
             timeout = args.timeout or SMOKE_TIMEOUT_S.get(name, DEFAULT_TIMEOUT_S)
-            print(f"{name}: {default_command(name, True)} (timeout {timeout:.0f} s)",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"{name}: {default_command(name, True)} (timeout {timeout:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
             rows.extend(run_smoke(name, timeout))
         where = "`--smoke` runs of " + ", ".join(names)
     else:

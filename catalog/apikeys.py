@@ -64,8 +64,9 @@ def hash_secret(secret: str, salt: bytes, kdf: str = DEFAULT_KDF) -> bytes:
     if m is None:
         raise InvalidKey(f"unknown key derivation {kdf!r}: expected scrypt$n=N$r=R$p=P")
     n, r, p = (int(g) for g in m.groups())
-    return hashlib.scrypt(secret.encode(), salt=salt, n=n, r=r, p=p, dklen=HASH_BYTES,
-                          maxmem=256 * n * r + 2**20)  # fmt: skip
+    return hashlib.scrypt(
+        secret.encode(), salt=salt, n=n, r=r, p=p, dklen=HASH_BYTES, maxmem=256 * n * r + 2**20
+    )
 
 
 def verify_secret(secret: str, salt: bytes, digest: bytes, kdf: str) -> bool:

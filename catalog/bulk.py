@@ -22,9 +22,9 @@ from datetime import UTC, datetime
 from cassandra import ConsistencyLevel
 from cassandra.cluster import Session
 from cassandra.concurrent import execute_concurrent
-from cassandra.query import BatchStatement, BatchType, PreparedStatement
+from cassandra.query import BatchStatement, BatchType
 
-from catalog.exceptions import CatalogUnavailable
+from catalog.cluster import Statements, driver_error
 
 # ---------------------------------------------------------------------------- the importer's writer
 
@@ -38,6 +38,38 @@ _SHORT = struct.Struct(">H").pack
 # live write (compare-and-set, at the present time) is newer, so a re-import never moves a
 # pointer back; among imports the higher revision wins, whatever order the writes land in.
 PAST_US = 946_684_800_000_000
+
+
+# What RowWriter writes: the rows of a registration and a promotion (catalog/repository.py,
+# catalog/aliases.py), without conditions; pointer cells at a timestamp from the past (PAST_US).
+_STATEMENTS = {
+    "_tenant": "INSERT INTO {ks}.tenants (tenant, created_at) VALUES (?, ?)",
+    "_policy": (
+        "INSERT INTO {ks}.policies (tenant, policy, base_model, created_at, created_by) "
+        "VALUES (?, ?, ?, ?, ?)"
+    ),
+    "_revision": (
+        "INSERT INTO {ks}.revisions (tenant, policy, revision, digest, store_uri, "
+        "base_model, created_at, created_by, metadata) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    ),
+    "_digest": (
+        "INSERT INTO {ks}.revisions_by_digest (tenant, policy, digest, revision) VALUES (?, ?, ?, ?)"
+    ),
+    "_latest": (
+        "UPDATE {ks}.revisions USING TIMESTAMP ? SET latest_revision = ? "
+        "WHERE tenant = ? AND policy = ?"
+    ),
+    "_alias": (
+        "INSERT INTO {ks}.aliases (tenant, policy, alias, revision, digest, store_uri, seq, "
+        "moved_at, moved_by, move_reason, move_kind) "
+        "VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?, 'import', 'promote') USING TIMESTAMP ?"
+    ),
+    "_history": (
+        "INSERT INTO {ks}.alias_history (tenant, policy, alias, seq, to_revision, moved_at, "
+        "moved_by, reason, kind) VALUES (?, ?, ?, 1, ?, ?, ?, 'import', 'promote') "
+        "USING TIMESTAMP ?"
+    ),
+}
 
 
 def partition_routing_key(*parts: str) -> bytes:
@@ -81,8 +113,9 @@ class RowSet:
     aliases: list[tuple[str, str, str, int, str, str, int]] = field(default_factory=list)
 
     def __len__(self) -> int:
-        return (len(self.tenants) + len(self.policies) + 2 * len(self.revisions)
-                + 2 * len(self.aliases))  # fmt: skip
+        return (
+            len(self.tenants) + len(self.policies) + 2 * len(self.revisions) + 2 * len(self.aliases)
+        )
 
 
 class RowWriter:
@@ -99,40 +132,7 @@ class RowWriter:
         self.session, self.keyspace = session, keyspace
         self.concurrency, self.batch = concurrency, batch
         self._by = by.encode()
-        ks = keyspace
-        p = self._prepare
-        self._tenant = p(f"INSERT INTO {ks}.tenants (tenant, created_at) VALUES (?, ?)")
-        self._policy = p(
-            f"INSERT INTO {ks}.policies (tenant, policy, base_model, created_at, created_by) "
-            "VALUES (?, ?, ?, ?, ?)"
-        )
-        self._revision = p(
-            f"INSERT INTO {ks}.revisions (tenant, policy, revision, digest, store_uri, "
-            "base_model, created_at, created_by, metadata) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-        )
-        self._digest = p(
-            f"INSERT INTO {ks}.revisions_by_digest (tenant, policy, digest, revision) "
-            "VALUES (?, ?, ?, ?)"
-        )
-        self._latest = p(
-            f"UPDATE {ks}.revisions USING TIMESTAMP ? SET latest_revision = ? "
-            "WHERE tenant = ? AND policy = ?"
-        )
-        self._alias = p(
-            f"INSERT INTO {ks}.aliases (tenant, policy, alias, revision, digest, store_uri, seq, "
-            "moved_at, moved_by, move_reason, move_kind) "
-            "VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?, 'import', 'promote') USING TIMESTAMP ?"
-        )
-        self._history = p(
-            f"INSERT INTO {ks}.alias_history (tenant, policy, alias, seq, to_revision, moved_at, "
-            "moved_by, reason, kind) VALUES (?, ?, ?, 1, ?, ?, ?, 'import', 'promote') "
-            "USING TIMESTAMP ?"
-        )
-
-    def _prepare(self, cql: str) -> PreparedStatement:
-        stmt = self.session.prepare(cql)
-        stmt.consistency_level = ConsistencyLevel.LOCAL_QUORUM
-        return stmt
+        Statements(session, keyspace).prepare_table(self, _STATEMENTS, fields={"ks": keyspace})
 
     def _requests(self, rows: RowSet) -> Iterator[tuple]:
         by, ks, size = self._by, self.keyspace, self.batch
@@ -177,8 +177,23 @@ class RowWriter:
                     part = parts[last_key] = (text(t), p.encode(), [])
             te, pe, entries = part
             ne, de = _INT(n), digest.encode()
-            entries.append((True, rq, [te, pe, ne, de, uri.encode(), text(base_model), ms(created),
-                                       by, text(metadata)]))  # fmt: skip
+            entries.append(
+                (
+                    True,
+                    rq,
+                    [
+                        te,
+                        pe,
+                        ne,
+                        de,
+                        uri.encode(),
+                        text(base_model),
+                        ms(created),
+                        by,
+                        text(metadata),
+                    ],
+                )
+            )
             entries.append((True, dq, [te, pe, de, ne]))
         for t, p, latest in rows.latest:
             te, pe, entries = parts.get((t, p)) or parts.setdefault(
@@ -199,17 +214,22 @@ class RowWriter:
 
     def write(self, rows: RowSet) -> int:
         """Write ``rows``; returns the number of rows written (the pointer cell not counted).
-        Raises CatalogUnavailable on the first failed request, after the others finished."""
+        Raises CatalogUnavailable (or CatalogRefused: driver_error) for the first failed
+        request, after the others finished."""
         outcomes = execute_concurrent(
-            self.session, self._requests(rows), concurrency=self.concurrency,
-            raise_on_first_error=False, results_generator=True,
-        )  # fmt: skip
+            self.session,
+            self._requests(rows),
+            concurrency=self.concurrency,
+            raise_on_first_error=False,
+            results_generator=True,
+        )
         failed = [value for ok, value in outcomes if not ok]
         if failed:
-            raise CatalogUnavailable(
-                f"{len(failed)} write requests to keyspace {self.keyspace!r} failed (first: "
-                f"{type(failed[0]).__name__}: {failed[0]}); check `mint dev status` or the "
-                "cluster, then re-run (every write is an idempotent upsert)"
+            raise driver_error(
+                failed[0],
+                f"write to keyspace {self.keyspace!r} ({len(failed)} requests failed, "
+                "the first one)",
+                then="then re-run (every write is an idempotent upsert)",
             ) from failed[0]
         return len(rows)
 

@@ -38,7 +38,8 @@ def read_jsonl(store: AdapterStore, uri: str, owner: tuple[str, str] | None = No
     rollouts, prompts and training data alike."""
     path = store.path_of_uri(uri, owner)
     try:
-        lines = path.read_text().splitlines()
+        with store.io("read a claim check"):  # an unmounted store is an outage, not a bad URI
+            lines = path.read_text().splitlines()
     except FileNotFoundError as e:
         raise AdapterNotFound(f"claim check {uri!r} does not exist; check the URI") from e
     rows = []

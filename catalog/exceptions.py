@@ -4,8 +4,10 @@ what was expected and what to do."""
 
 from __future__ import annotations
 
+from schemas.exceptions import MintError
 
-class CatalogError(Exception):
+
+class CatalogError(MintError):
     """Base of every catalog error."""
 
 
@@ -65,10 +67,6 @@ class PolicyRetired(Conflict):
     """The policy was retired; nothing can be registered or promoted in it."""
 
 
-class PolicyInUse(Conflict):
-    """A policy cannot be retired while an alias points into it."""
-
-
 class RegistrationInProgress(Conflict):
     """Another registrant holds the claim on this digest; retry shortly."""
 
@@ -78,7 +76,21 @@ class MigrationError(CatalogError, RuntimeError):
 
 
 class CatalogUnavailable(CatalogError, ConnectionError):
-    """Cassandra did not answer a catalog request."""
+    """Cassandra (or the adapter store, :class:`StoreUnavailable`) did not answer: unavailable,
+    timed out, no host, connection dropped. Transient: consumer loops wait it out and never
+    dead-letter for it; catch it before ``CatalogError`` wherever a CatalogError is a refusal."""
+
+
+class CatalogRefused(CatalogError, ValueError):
+    """Cassandra answered and refused the statement for good (InvalidRequest, SyntaxException,
+    ConfigurationException, AlreadyExists...): the schema is missing or behind, or the statement
+    is wrong. Retrying cannot help; a record that meets it is dead-lettered with this reason, a
+    worker that meets it at start-up exits. The message names the statement."""
+
+
+class CatalogUnauthorized(CatalogRefused, PermissionError):
+    """Cassandra refused the statement because the role lacks a grant (Unauthorized). The message
+    names the role's missing permission and the statement; grant it, then replay."""
 
 
 # Adapter store (catalog/store.py, catalog/artifacts.py): refusals of adapter directories.
@@ -102,6 +114,12 @@ class AdapterShapeMismatch(AdapterRejected):
 
 class NonFiniteWeights(AdapterRejected):
     """A tensor holds NaN or Inf."""
+
+
+class StoreUnavailable(CatalogUnavailable):
+    """The adapter store's filesystem or endpoint is not reachable (root missing or not mounted,
+    I/O error, stale or disconnected mount, timed out, full). Transient, like Cassandra being
+    down: never a reason to refuse or dead-letter a record. ``AdapterStore.io`` raises it."""
 
 
 class AdapterCorrupted(CatalogError, OSError):

@@ -100,8 +100,13 @@ def migrate(
             "VALUES (%s, %s, %s, %s)",
             (mig.version, mig.name, mig.checksum, datetime.now(UTC)),
         )
-        log.info("migration applied", keyspace=keyspace, version=mig.version, name=mig.name,
-                 seconds=round(time.perf_counter() - t0, 2))  # fmt: skip
+        log.info(
+            "migration applied",
+            keyspace=keyspace,
+            version=mig.version,
+            name=mig.name,
+            seconds=round(time.perf_counter() - t0, 2),
+        )
         applied.append(mig.version)
     return applied
 

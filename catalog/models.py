@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
+import json
 import uuid
-from dataclasses import dataclass, field
-from datetime import datetime
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime
+from typing import Any, ClassVar, TypeVar
+
+T = TypeVar("T")
+
+
+def utc(at: datetime | None = None) -> datetime:
+    """A timezone-aware UTC time truncated to Cassandra's millisecond precision (as stored)."""
+    at = at or datetime.now(UTC)
+    at = at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+    return at.replace(microsecond=at.microsecond // 1000 * 1000)
+
+
+def aware(at: datetime | None) -> datetime | None:
+    """A time read back from Cassandra (naive UTC) as a timezone-aware one."""
+    return None if at is None else at.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -16,6 +33,9 @@ class Policy:
     created_by: str
     retired_at: datetime | None = None
     retired_by: str | None = None
+    # True only on the call that created it (create_policy).
+    is_new: bool = field(default=False, compare=False)
+    null_as: ClassVar[dict[str, Any]] = {"created_by": ""}  # from_row: what a null reads as
 
     @property
     def name(self) -> str:
@@ -37,10 +57,29 @@ class Revision:
     metadata: dict = field(default_factory=dict, compare=False)
     # True only on the call that created it (False for an idempotent repeat).
     is_new: bool = field(default=False, compare=False)
+    null_as: ClassVar[dict[str, Any]] = {"created_by": ""}
 
     @property
     def ref(self) -> str:
         return f"{self.tenant}/{self.policy}@{self.revision}"
+
+
+@dataclass(frozen=True)
+class Registration:
+    """One export to register as a revision: what an ``export.completed`` carries (tenant and
+    policy travel beside it, already validated where they entered). ``revision`` demands that
+    exact number; ``source_event_id`` makes a retry of the same export find its own registration;
+    ``at`` is the event's time (None: now)."""
+
+    digest: str
+    store_uri: str
+    base_model: str | None = None
+    parent_revision: int | None = None
+    metadata: dict = field(default_factory=dict)
+    source_event_id: uuid.UUID | None = None
+    revision: int | None = None
+    by: str = ""
+    at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -67,6 +106,7 @@ class Alias:
     moved_at: datetime | None
     moved_by: str | None
     last_event_id: uuid.UUID | None
+    null_as: ClassVar[dict[str, Any]] = {"seq": 0}
 
 
 @dataclass(frozen=True)
@@ -84,6 +124,7 @@ class AliasMove:
     reason: str
     kind: str  # "promote" | "rollback" (AliasMoved.cause) | "delete"
     event_id: uuid.UUID | None
+    null_as: ClassVar[dict[str, Any]] = {"moved_by": "", "reason": "", "kind": "promote"}
 
 
 @dataclass(frozen=True)
@@ -96,6 +137,7 @@ class TenantAccess:
     rate_per_s: float | None
     burst: int | None
     is_new: bool = field(default=False, compare=False)
+    null_as: ClassVar[dict[str, Any]] = {"created_by": ""}
 
 
 @dataclass(frozen=True)
@@ -112,7 +154,70 @@ class ApiKey:
     created_by: str
     revoked_at: datetime | None
     revoked_by: str | None
+    null_as: ClassVar[dict[str, Any]] = {"name": "", "created_by": ""}
 
     @property
     def revoked(self) -> bool:
         return self.revoked_at is not None
+
+
+# ---------------------------------------------------------------------------- rows to models
+
+_PLANS: dict[type, list[tuple[str, Callable[[Any], Any]]]] = {}
+
+
+def _keep(v: Any) -> Any:
+    return v
+
+
+def _plan(cls: type) -> list[tuple[str, Callable[[Any], Any]]]:
+    """How each field of ``cls`` is read from its column: times as aware UTC, JSON text as a
+    dict, blobs as bytes, and a null (or empty) value as ``cls.null_as`` says."""
+    null_as = cls.null_as
+    plan = []
+    for f in fields(cls):
+        if f.name == "is_new":  # what a write answered, not a column
+            continue
+        ann = str(f.type)
+        if "datetime" in ann:
+            conv = aware
+        elif ann == "dict":
+            conv = _json
+        elif ann == "bytes":
+            conv = bytes
+        elif f.name in null_as:
+            conv = _or(null_as[f.name])
+        else:
+            conv = _keep
+        plan.append((f.name, conv))
+    _PLANS[cls] = plan
+    return plan
+
+
+def _json(v: str | None) -> dict:
+    return json.loads(v) if v else {}
+
+
+def _or(default: Any) -> Callable[[Any], Any]:
+    return lambda v: v or default
+
+
+def from_row(cls: type[T], row: Any) -> T:
+    """The model ``cls`` (Policy, Revision, Alias, AliasMove, TenantAccess, ApiKey) of a
+    Cassandra row whose columns are named as its fields: one reading of rows for every table."""
+    plan = _PLANS.get(cls) or _plan(cls)
+    return cls(*[conv(getattr(row, name)) for name, conv in plan])
+
+
+def revision_metadata(adapter: Any) -> dict[str, Any]:
+    """What a revision's ``metadata`` records of its adapter, from the stored manifest (the
+    trainer) or the ``export.completed`` that carries it (the projection): the same keys from
+    both, so a catalog rebuilt from the log equals the live one."""
+    return {
+        "size_bytes": adapter.size_bytes,
+        "rank": adapter.rank,
+        "lora_alpha": adapter.lora_alpha,
+        "target_modules": list(adapter.target_modules),
+        "target_parameters": list(adapter.target_parameters),
+        "base_model_fingerprint": adapter.base_model_fingerprint,
+    }

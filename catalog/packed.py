@@ -35,7 +35,7 @@ from typing import Any
 import structlog
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save, save_file
+from safetensors.torch import load_file, save
 
 from catalog.artifacts import (
     CONFIG_FILE,
@@ -93,14 +93,6 @@ def pattern_value(patterns: dict[str, Any] | None, key: str, default: Any) -> An
 
 def projection_rank(config: dict[str, Any], module: str, param: str) -> int:
     return int(pattern_value(config.get("rank_pattern"), _model_key(module, param), config["r"]))
-
-
-def projection_scaling(config: dict[str, Any], module: str, param: str) -> float:
-    """PEFT's scaling of one targeted parameter: alpha/r (alpha/sqrt(r) with rsLoRA)."""
-    key = _model_key(module, param)
-    rank = pattern_value(config.get("rank_pattern"), key, config["r"])
-    alpha = pattern_value(config.get("alpha_pattern"), key, config["lora_alpha"])
-    return alpha / (rank**0.5 if config.get("use_rslora") else rank)
 
 
 def _model_key(module: str, param: str) -> str:
@@ -306,9 +298,10 @@ def packed_bytes(tensors: dict[str, torch.Tensor], packed: list[PackedProjection
     meta = {
         "layout": LAYOUT_PACKED_MOE,
         "version": PACKED_VERSION,
-        "projections": {p.stem: {"peft": p.peft, "experts": p.experts, "rank": p.rank}
-                        for p in packed},
-    }  # fmt: skip
+        "projections": {
+            p.stem: {"peft": p.peft, "experts": p.experts, "rank": p.rank} for p in packed
+        },
+    }
     return save(tensors, metadata={META_KEY: json.dumps(meta, sort_keys=True)})
 
 
@@ -349,8 +342,10 @@ def read_packed(
             f"{path}: packed layout {meta.get('layout')!r} v{meta.get('version')} is not "
             f"{LAYOUT_PACKED_MOE!r} v{PACKED_VERSION}; re-export the revision"
         )
-    packed = [PackedProjection(stem, p["peft"], p["experts"], p["rank"])
-              for stem, p in sorted(meta["projections"].items())]  # fmt: skip
+    packed = [
+        PackedProjection(stem, p["peft"], p["experts"], p["rank"])
+        for stem, p in sorted(meta["projections"].items())
+    ]
     return load_file(str(path)), packed
 
 
@@ -358,8 +353,3 @@ def read_peft_weights(directory: Path | str) -> dict[str, torch.Tensor] | None:
     """The adapter's PEFT state dict rebuilt from its packed file (None: no packed file)."""
     got = read_packed(directory)
     return None if got is None else packed_to_peft(*got)
-
-
-def write_per_expert(tensors: dict[str, torch.Tensor], path: Path | str) -> None:
-    """Save per-expert tensors (benchmarks, vLLM 2-D MoE LoRA checkpoints)."""
-    save_file(tensors, str(path), metadata={"format": "pt"})

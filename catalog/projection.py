@@ -7,19 +7,23 @@ from the event (``occurred_at``), never the wall clock, so replaying the log int
 keyspace yields the same rows as the live catalog.
 
 ``export.completed`` registers a revision (creating the policy on its first export);
-``alias.moved`` records the move. Other types are ignored. Promote and rollback *commands* are
+``alias.moved`` records the move. Other types are ignored. ``apply_events`` applies one policy's
+run of events at once (the projector's poll): consecutive exports in one lightweight transaction. Promote and rollback *commands* are
 executed by :func:`execute_serving_command`, which returns the ``alias.moved`` fact to publish.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any
 
 import structlog
 
 from catalog.exceptions import AliasConflict, AliasNotFound, Conflict, PolicyNotFound
+from catalog.models import Registration, Revision, revision_metadata
+from catalog.refs import Ref
 from catalog.repository import CatalogRepository
 from schemas import Envelope, make_event
 from schemas.events import AliasMoved, ExportCompleted, PromoteCommand, RollbackCommand
@@ -47,7 +51,7 @@ def apply_event(repo: CatalogRepository, env: Envelope[Any]) -> Outcome:
     p = env.payload
     revision = None
     if isinstance(p, ExportCompleted):
-        revision = _apply_export(repo, env, p)
+        revision = _apply_exports(repo, [env])[0].revision
     elif isinstance(p, AliasMoved):
         revision = _apply_alias_moved(repo, env, p)
     repo.record_applied(
@@ -56,39 +60,87 @@ def apply_event(repo: CatalogRepository, env: Envelope[Any]) -> Outcome:
     return Outcome.APPLIED
 
 
-def _apply_export(repo: CatalogRepository, env: Envelope[Any], p: ExportCompleted) -> int:
+def apply_events(repo: CatalogRepository, envs: Sequence[Envelope[Any]]) -> list[Outcome]:
+    """Apply one policy's run of events in order (what a poll brought for one key), as
+    ``apply_event`` applies each: one read of applied_events for the run, each stretch of
+    consecutive exports registered together (one lightweight transaction), the applied_events
+    rows written at the end. Raises at the first event the catalog refuses, having recorded
+    none: what it did before is idempotent, so the caller applies the run one by one."""
+    projected = [e.event_id for e in envs if e.type in PROJECTED_TYPES]
+    seen = repo.applied_among(projected) if projected else set()
+    outcomes: list[Outcome] = []
+    applied: list[tuple] = []
+    i = 0
+    while i < len(envs):
+        env = envs[i]
+        if env.type not in PROJECTED_TYPES or env.event_id in seen:
+            ignored = env.type not in PROJECTED_TYPES
+            outcomes.append(Outcome.IGNORED if ignored else Outcome.DUPLICATE)
+            i += 1
+            continue
+        if isinstance(env.payload, ExportCompleted):
+            j = i + 1
+            while j < len(envs) and _same_run(env, envs[j]) and envs[j].event_id not in seen:
+                j += 1
+            stretch = _distinct(envs[i:j])
+            revisions = [r.revision for r in _apply_exports(repo, stretch)]
+        else:
+            stretch = [env]
+            revisions = [_apply_alias_moved(repo, env, env.payload)]
+        for e, revision in zip(stretch, revisions, strict=True):
+            seen.add(e.event_id)
+            applied.append(
+                (e.event_id, e.type, e.tenant, e.policy, revision, "applied", e.occurred_at)
+            )
+        outcomes += [Outcome.APPLIED] * len(stretch)
+        i += len(stretch)
+    repo.record_applied_many(applied)
+    return outcomes
+
+
+def _same_run(first: Envelope[Any], env: Envelope[Any]) -> bool:
+    return isinstance(env.payload, ExportCompleted) and env.policy_id == first.policy_id
+
+
+def _distinct(envs: Sequence[Envelope[Any]]) -> list[Envelope[Any]]:
+    """The stretch up to the first event seen twice in it (a redelivery within one poll)."""
+    ids: set[uuid.UUID] = set()
+    for k, env in enumerate(envs):
+        if env.event_id in ids:
+            return list(envs[:k])
+        ids.add(env.event_id)
+    return list(envs)
+
+
+def _apply_exports(repo: CatalogRepository, envs: Sequence[Envelope[Any]]) -> list[Revision]:
+    first = envs[0]
+    regs = [_registration(env, env.payload) for env in envs]
     try:
-        return _register(repo, env, p)
+        return repo.register_revisions(first.tenant, first.policy, regs)
     except PolicyNotFound:
         # The first export of a policy creates it, so a rebuild from the log creates it too.
-        repo.create_policy(env.tenant, env.policy, p.base_model, by=env.producer,
-                           at=env.occurred_at)  # fmt: skip
-        return _register(repo, env, p)
+        pol = repo.create_policy(
+            first.tenant,
+            first.policy,
+            first.payload.base_model,
+            by=first.producer,
+            at=first.occurred_at,
+        )
+        return repo.register_revisions(first.tenant, first.policy, regs, created=pol)
 
 
-def _register(repo: CatalogRepository, env: Envelope[Any], p: ExportCompleted) -> int:
-    rev = repo.register_revision(
-        env.tenant,
-        env.policy,
+def _registration(env: Envelope[Any], p: ExportCompleted) -> Registration:
+    return Registration(
         digest=p.adapter_digest,
         store_uri=p.store_uri,
         base_model=p.base_model,
         parent_revision=p.parent_revision,
-        revision=p.revision,
+        metadata=revision_metadata(p),
         source_event_id=env.event_id,
-        metadata={
-            "size_bytes": p.size_bytes,
-            "rank": p.rank,
-            "lora_alpha": p.lora_alpha,
-            "target_modules": list(p.target_modules),
-            "target_parameters": list(p.target_parameters),
-            "base_model_fingerprint": p.base_model_fingerprint,
-        },
+        revision=p.revision,
         by=env.producer,
         at=env.occurred_at,
-        source_checked=True,  # apply_event just read that this event was not applied
     )
-    return rev.revision
 
 
 def _apply_alias_moved(repo: CatalogRepository, env: Envelope[Any], p: AliasMoved) -> int:
@@ -100,10 +152,18 @@ def _apply_alias_moved(repo: CatalogRepository, env: Envelope[Any], p: AliasMove
             "catalog was built from another log"
         )
     repo.move_alias(
-        env.tenant, env.policy, p.alias, p.to_revision, expected=p.from_revision,
-        by=p.requested_by or env.producer, reason=p.reason, event_id=env.event_id,
-        at=env.occurred_at, kind=p.cause,
-    )  # fmt: skip
+        env.tenant,
+        env.policy,
+        p.alias,
+        p.to_revision,
+        expected=p.from_revision,
+        by=p.requested_by or env.producer,
+        reason=p.reason,
+        event_id=env.event_id,
+        at=env.occurred_at,
+        kind=p.cause,
+        checked=True,
+    )
     return p.to_revision
 
 
@@ -123,9 +183,18 @@ def execute_serving_command(
         if expected is None:  # no CAS asked for: move from wherever it is now
             expected = _current(repo, cmd.tenant, cmd.policy, p.alias)
         move = repo.move_alias(
-            cmd.tenant, cmd.policy, p.alias, p.revision, expected=expected, by=by,
-            reason=p.reason, event_id=move_id, at=cmd.occurred_at, kind="promote",
-        )  # fmt: skip
+            cmd.tenant,
+            cmd.policy,
+            p.alias,
+            p.revision,
+            expected=expected,
+            by=by,
+            reason=p.reason,
+            event_id=move_id,
+            at=cmd.occurred_at,
+            kind="promote",
+            checked=True,
+        )
     elif isinstance(p, RollbackCommand):
         cur = repo.get_alias(cmd.tenant, cmd.policy, p.alias)
         if (
@@ -139,22 +208,38 @@ def execute_serving_command(
                 current=cur.revision,
             )
         move = repo.rollback(
-            cmd.tenant, cmd.policy, p.alias, to=p.to_revision, by=by,
-            reason=p.reason or "rollback", event_id=move_id, at=cmd.occurred_at,
-        )  # fmt: skip
+            cmd.tenant,
+            cmd.policy,
+            p.alias,
+            to=p.to_revision,
+            by=by,
+            reason=p.reason or "rollback",
+            event_id=move_id,
+            at=cmd.occurred_at,
+        )
     else:
         raise TypeError(f"{cmd.type!r} is not a serving command (serving.promote/rollback)")
-    target = repo.get_revision(cmd.tenant, cmd.policy, move.to_revision)
+    # A Ref of the command's validated names: resolved without checking them again.
+    target = repo.resolve(Ref(cmd.tenant, cmd.policy, revision=move.to_revision))
     return make_event(
         AliasMoved(
-            alias=move.alias, from_revision=move.from_revision, to_revision=move.to_revision,
-            adapter_digest=target.digest, store_uri=target.store_uri,
-            cause="rollback" if move.kind == "rollback" else "promote", reason=move.reason,
+            alias=move.alias,
+            from_revision=move.from_revision,
+            to_revision=move.to_revision,
+            adapter_digest=target.digest,
+            store_uri=target.store_uri,
+            cause="rollback" if move.kind == "rollback" else "promote",
+            reason=move.reason,
             requested_by=move.moved_by,
+            seq=move.seq,
         ),
-        tenant=cmd.tenant, policy=cmd.policy, producer=producer, caused_by=cmd,
-        event_id=move_id, occurred_at=move.moved_at,
-    )  # fmt: skip
+        tenant=cmd.tenant,
+        policy=cmd.policy,
+        producer=producer,
+        caused_by=cmd,
+        event_id=move_id,
+        occurred_at=move.moved_at,
+    )
 
 
 def _current(repo: CatalogRepository, tenant: str, policy: str, alias: str) -> int | None:

@@ -55,7 +55,11 @@ def check_revision(value: object) -> int:
 
 @dataclass(frozen=True)
 class Ref:
-    """A parsed reference; exactly one of alias, revision, digest is set."""
+    """A reference to a policy's revision; exactly one of alias, revision, digest is set.
+
+    The one reference type: the gateway parses a request's model into it, the engine builds it
+    from a decoded event's (already validated) fields, the catalog resolves it. It is rendered
+    to text only for people (messages, logs, the ``ref`` of an answer)."""
 
     tenant: str
     policy: str
@@ -63,9 +67,26 @@ class Ref:
     revision: int | None = None
     digest: str | None = None
 
+    @property
+    def target(self) -> str:
+        """What follows the ``@``: the alias, the revision number or the digest."""
+        return (
+            self.alias or (str(self.revision) if self.revision is not None else self.digest) or ""
+        )
+
     def __str__(self) -> str:
-        target = self.alias or (str(self.revision) if self.revision is not None else self.digest)
-        return f"{self.tenant}/{self.policy}@{target}"
+        return f"{self.tenant}/{self.policy}@{self.target}"
+
+
+def ref_to(tenant: str, policy: str, target: str) -> Ref:
+    """The reference of checked names and an unchecked ``target`` (``alias``, ``N`` or
+    ``sha256:…``, told apart by form: aliases start with a letter); InvalidReference or
+    MalformedDigest say what was expected."""
+    if target.startswith("sha256:"):
+        return Ref(tenant, policy, digest=check_digest(target))
+    if target.isdigit():
+        return Ref(tenant, policy, revision=check_revision(int(target)))
+    return Ref(tenant, policy, alias=check_alias(target))
 
 
 def parse_ref(text: str) -> Ref:
@@ -77,10 +98,4 @@ def parse_ref(text: str) -> Ref:
         )
     path, _, target = text.partition("@")
     tenant, _, policy = path.partition("/")
-    check_name("tenant", tenant)
-    check_name("policy", policy)
-    if target.startswith("sha256:"):
-        return Ref(tenant, policy, digest=check_digest(target))
-    if target.isdigit():
-        return Ref(tenant, policy, revision=check_revision(int(target)))
-    return Ref(tenant, policy, alias=check_alias(target))
+    return ref_to(check_name("tenant", tenant), check_name("policy", policy), target)

@@ -7,16 +7,10 @@ from dataclasses import dataclass, field
 from cassandra.cluster import Session
 from cassandra.query import SimpleStatement
 
+from catalog.tables import CATALOG
+
 # Every catalog table; schema_migrations is bookkeeping of the keyspace, not catalog content.
-TABLES = (
-    "tenants",
-    "policies",
-    "revisions",
-    "revisions_by_digest",
-    "aliases",
-    "alias_history",
-    "applied_events",
-)
+TABLES = CATALOG
 
 
 def dump(
@@ -45,8 +39,10 @@ class Diff:
         return all(a == 0 and b == 0 for _, a, b in self.tables.values())
 
     def summary(self) -> str:
-        lines = [f"{t}: {n} rows, {a} only in first, {b} only in second"
-                 for t, (n, a, b) in self.tables.items()]  # fmt: skip
+        lines = [
+            f"{t}: {n} rows, {a} only in first, {b} only in second"
+            for t, (n, a, b) in self.tables.items()
+        ]
         for t, ex in self.examples.items():
             lines += [f"  {t}: {e}" for e in ex]
         return "\n".join(lines)

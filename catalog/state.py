@@ -12,11 +12,9 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from cassandra import ConsistencyLevel
 from cassandra.cluster import Session
 
-from catalog.cluster import DRIVER_ERRORS
-from catalog.exceptions import CatalogUnavailable
+from catalog.cluster import Statements
 
 
 class StateTable:
@@ -24,28 +22,23 @@ class StateTable:
 
     def __init__(self, session: Session, keyspace: str, name: str) -> None:
         self.session, self.keyspace, self.name = session, keyspace, name
-        self._get = session.prepare(
+        self._cql = Statements(
+            session,
+            keyspace,
+            about=f"worker state {name!r}",
+            then="the worker retries until it answers",
+        )
+        self._get = self._cql.prepare(
             f"SELECT value FROM {keyspace}.worker_state WHERE name = ? AND key = ?"
         )
-        self._put = session.prepare(
+        self._put = self._cql.prepare(
             f"INSERT INTO {keyspace}.worker_state (name, key, value, updated_at) "
             "VALUES (?, ?, ?, ?)"
         )
-        for stmt in (self._get, self._put):
-            stmt.consistency_level = ConsistencyLevel.LOCAL_QUORUM
-
-    def _run(self, stmt, params: tuple):
-        try:
-            return self.session.execute(stmt, params)
-        except DRIVER_ERRORS as e:
-            raise CatalogUnavailable(
-                f"Cassandra did not answer for worker state {self.name!r} in keyspace "
-                f"{self.keyspace!r} ({type(e).__name__}: {e}); the worker retries"
-            ) from e
 
     def get(self, key: str, default: Any = None) -> Any:
-        row = self._run(self._get, (self.name, key)).one()
+        row = self._cql.run(self._get, (self.name, key)).one()
         return json.loads(row.value) if row is not None else default
 
     def __setitem__(self, key: str, value: Any) -> None:
-        self._run(self._put, (self.name, key, json.dumps(value), datetime.now(UTC)))
+        self._cql.run(self._put, (self.name, key, json.dumps(value), datetime.now(UTC)))

@@ -14,10 +14,14 @@ and readers treating a directory without a valid manifest as absent.
 
 from __future__ import annotations
 
+import errno
+import functools
 import json
 import os
 import shutil
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,11 +45,25 @@ from catalog.exceptions import (
     AdapterCorrupted,
     AdapterNotFound,
     BaseModelMismatch,
+    CatalogError,
     CrossTenantReference,
     InvalidReference,
+    StoreUnavailable,
 )
 
 log = structlog.get_logger()
+
+# OSErrors that say the store's filesystem or endpoint is away, not that a path or a file is
+# wrong: an NFS/FUSE mount that is hung, stale or disconnected, a network path that does not
+# answer, a disk that is full. Transient (StoreUnavailable): waited out, never a dead letter.
+# Anything else (EACCES, EROFS, ENOENT of a file, ...) stays an OSError and fails loudly.
+# fmt: off
+_UNREACHABLE = ("EIO", "ENOTCONN", "ESTALE", "ETIMEDOUT", "EHOSTDOWN", "EHOSTUNREACH", "ENETDOWN",
+                "ENETUNREACH", "ECONNREFUSED", "ECONNRESET", "ECONNABORTED", "ENOSPC", "EDQUOT",
+                "ENOMEDIUM", "ECOMM")
+# fmt: on
+# ENOMEDIUM and ECOMM are Linux's: not every platform names every one.
+UNREACHABLE_ERRNOS = frozenset(getattr(errno, n) for n in _UNREACHABLE if hasattr(errno, n))
 
 
 @dataclass(frozen=True)
@@ -70,6 +88,20 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _io(doing: str) -> Callable:
+    """Run an AdapterStore method under ``self.io(doing)``."""
+
+    def wrap(method: Callable) -> Callable:
+        @functools.wraps(method)
+        def run(self: AdapterStore, *args: Any, **kwargs: Any) -> Any:
+            with self.io(doing):
+                return method(self, *args, **kwargs)
+
+        return run
+
+    return wrap
+
+
 class AdapterStore:
     """Put and open adapter revisions under one root folder."""
 
@@ -81,10 +113,53 @@ class AdapterStore:
                 "are not wired up yet; use a local folder (MINT_STORE_URI=/path)"
             )
         self.root = Path(root.removeprefix("file://")).resolve()
+        # A root that was there and is gone is a filesystem that went away (unmounted); a root
+        # that never was is an empty store (nothing in it yet: AdapterNotFound).
+        self._root_seen = self._root_reachable()
 
     @classmethod
     def from_settings(cls, settings: Any) -> AdapterStore:
         return cls(settings.adapter_store_root)
+
+    @contextmanager
+    def io(self, doing: str) -> Iterator[None]:
+        """Sort the store's failures while ``doing``: a filesystem or endpoint that is away
+        (UNREACHABLE_ERRNOS, or a root that was there gone: unmounted) becomes StoreUnavailable,
+        which consumer loops wait out; what is wrong with one revision or path stays what it is
+        (AdapterNotFound, AdapterCorrupted, PermissionError...). Callers that copy from the
+        store themselves (an engine's cache) use it too: ``with store.io("copy revision"):``."""
+        try:
+            yield
+            self._root_seen = self._root_seen or self._root_reachable()
+        except StoreUnavailable:
+            raise
+        except AdapterNotFound as e:  # a missing manifest under a root that went away
+            if self._root_gone():
+                raise StoreUnavailable(
+                    f"the adapter store root {str(self.root)!r} is not there to {doing} ({e}); "
+                    "check that its filesystem is mounted (MINT_STORE_URI): the worker "
+                    "retries until it is"
+                ) from e
+            raise
+        except CatalogError:  # a verdict on a revision or a path, already sorted
+            raise
+        except OSError as e:
+            if e.errno in UNREACHABLE_ERRNOS or self._root_gone():
+                raise StoreUnavailable(
+                    f"the adapter store at {str(self.root)!r} is not reachable to {doing} "
+                    f"({type(e).__name__}: {e}); check that its filesystem is mounted and "
+                    "answers (MINT_STORE_URI): the worker retries until it does"
+                ) from e
+            raise
+
+    def _root_reachable(self) -> bool:
+        try:
+            return self.root.is_dir()
+        except OSError:
+            return False
+
+    def _root_gone(self) -> bool:
+        return self._root_seen and not self._root_reachable()
 
     # Paths and URIs.
 
@@ -114,6 +189,7 @@ class AdapterStore:
 
     # Writing.
 
+    @_io("store a revision")
     def put(
         self,
         source: Path | str,
@@ -207,8 +283,9 @@ class AdapterStore:
     ) -> StoredAdapter:
         """Open and verify the revision at ``uri`` (digest, shape, finiteness, base model). With
         ``owner`` (tenant, policy) the URI and the manifest must both belong to that policy."""
-        return self.open_path(self.path_of_uri(uri, owner), owner=owner,
-                              base_model_fingerprint=base_model_fingerprint)  # fmt: skip
+        return self.open_path(
+            self.path_of_uri(uri, owner), owner=owner, base_model_fingerprint=base_model_fingerprint
+        )
 
     def get(
         self, tenant: str, policy: str, digest: str, *, base_model_fingerprint: str | None = None
@@ -217,6 +294,7 @@ class AdapterStore:
             self.path_for(tenant, policy, digest), base_model_fingerprint=base_model_fingerprint
         )
 
+    @_io("open a revision")
     def open_path(
         self,
         path: Path,
@@ -269,6 +347,7 @@ class AdapterStore:
             raise InvalidReference(f"request id {request_id!r} must be a UUID or alphanumeric")
         return self.root / tenant / policy / "requests" / f"{request_id}.json"
 
+    @_io("record a request")
     def record_request(self, tenant: str, policy: str, request_id: str, result: dict) -> None:
         """Write (atomically, once) what request ``request_id`` produced; first writer wins."""
         path = self._request_path(tenant, policy, request_id)
@@ -282,6 +361,7 @@ class AdapterStore:
             return
         os.rename(tmp, path)
 
+    @_io("find a request")
     def find_request(self, tenant: str, policy: str, request_id: str) -> dict | None:
         path = self._request_path(tenant, policy, request_id)
         try:
@@ -289,6 +369,7 @@ class AdapterStore:
         except FileNotFoundError:
             return None
 
+    @_io("list revisions")
     def list(self, tenant: str, policy: str) -> list[str]:
         """Digests stored for one policy (unverified: open one to verify it)."""
         folder = self.root / tenant / policy / "adapters"

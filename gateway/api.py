@@ -18,6 +18,9 @@ from gateway.config import GatewayConfig
 from gateway.errors import BadRequest
 
 Stop = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+# OpenAI bodies nest five levels (body, messages, a message, its content parts, a part); tool
+# schemas, which the engines do not take, go deeper. Far beyond this is abuse, not a request.
+MAX_DEPTH = 32
 
 
 class _Body(BaseModel):
@@ -113,26 +116,38 @@ def _unsupported(req: _Sampling) -> tuple[str, str] | None:
     ]
     if isinstance(req, ChatRequest):
         checks += [
-            ("top_logprobs", bool(req.top_logprobs),
-             "only the sampled tokens' logprobs are returned (logprobs: true, top_logprobs: 0)"),
+            (
+                "top_logprobs",
+                bool(req.top_logprobs),
+                "only the sampled tokens' logprobs are returned (logprobs: true, top_logprobs: 0)",
+            ),
             ("tools", bool(req.tools), "tool calls are not supported"),
             ("tool_choice", req.tool_choice not in (None, "none"), "tool calls are not supported"),
             ("functions", bool(req.functions), "function calls are not supported"),
-            ("function_call", req.function_call not in (None, "none"),
-             "function calls are not supported"),
+            (
+                "function_call",
+                req.function_call not in (None, "none"),
+                "function calls are not supported",
+            ),
             ("parallel_tool_calls", bool(req.parallel_tool_calls), "tool calls are not supported"),
-            ("response_format", (req.response_format or {"type": "text"}) != {"type": "text"},
-             "only {'type': 'text'} is supported (no JSON mode or schemas)"),
-        ]  # fmt: skip
+            (
+                "response_format",
+                (req.response_format or {"type": "text"}) != {"type": "text"},
+                "only {'type': 'text'} is supported (no JSON mode or schemas)",
+            ),
+        ]
     else:
         assert isinstance(req, CompletionRequest)
         checks += [
-            ("logprobs", bool(req.logprobs),
-             "only the sampled tokens' logprobs are returned: send logprobs=0"),
+            (
+                "logprobs",
+                bool(req.logprobs),
+                "only the sampled tokens' logprobs are returned: send logprobs=0",
+            ),
             ("echo", bool(req.echo), "echo is not supported"),
             ("best_of", req.best_of not in (None, 1, req.n), "best_of is not supported"),
             ("suffix", bool(req.suffix), "suffix (insertion) is not supported"),
-        ]  # fmt: skip
+        ]
     for param, bad, why in checks:
         if bad:
             return param, why
@@ -140,15 +155,48 @@ def _unsupported(req: _Sampling) -> tuple[str, str] | None:
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object; BadRequest (``invalid_json``) for anything the parser refuses:
+    not UTF-8, not JSON, nested deeper than :data:`MAX_DEPTH`, an integer past Python's digit
+    limit. Never another exception: bad input is the caller's 400, not our 500."""
     try:
         body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise BadRequest(f"the body is not valid JSON ({e}); send a JSON object",
-                         code="invalid_json") from e  # fmt: skip
+    except RecursionError:  # the C parser gives up near 1,000 levels
+        raise _too_deep() from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an int of > 4,300 digits
+        raise BadRequest(
+            f"the body is not valid JSON ({str(e)[:200]}); send a JSON object", code="invalid_json"
+        ) from e
     if not isinstance(body, dict):
-        raise BadRequest(f"the body must be a JSON object, not {type(body).__name__}",
-                         code="invalid_json")  # fmt: skip
+        raise BadRequest(
+            f"the body must be a JSON object, not {type(body).__name__}", code="invalid_json"
+        )
+    if _depth(body) > MAX_DEPTH:
+        raise _too_deep()
     return body
+
+
+def _too_deep() -> BadRequest:
+    return BadRequest(
+        f"the body nests JSON more than {MAX_DEPTH} levels deep; send a JSON "
+        "object shaped like OpenAI's requests",
+        code="invalid_json",
+    )
+
+
+def _depth(value: Any) -> int:
+    """How deep containers nest in ``value`` (a scalar: 0; counting stops past MAX_DEPTH),
+    without recursion: checked before pydantic, logging or an encoder walk it recursively."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        v, d = todo.pop()
+        children = v.values() if isinstance(v, dict) else v if isinstance(v, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, d)
+        if d > MAX_DEPTH:
+            break
+        todo.extend((c, d + 1) for c in children)
+    return deepest
 
 
 def validate(model: type[T], body: dict[str, Any], config: GatewayConfig) -> T:
@@ -160,8 +208,11 @@ def validate(model: type[T], body: dict[str, Any], config: GatewayConfig) -> T:
         err = e.errors()[0]
         param = ".".join(str(p) for p in err["loc"]) or None
         if err["type"] == "extra_forbidden":
-            raise BadRequest(f"Unrecognized request argument supplied: {param}", param=param,
-                             code="unknown_parameter") from e  # fmt: skip
+            raise BadRequest(
+                f"Unrecognized request argument supplied: {param}",
+                param=param,
+                code="unknown_parameter",
+            ) from e
         given = repr(err.get("input"))[:80] if err.get("input") is not body else "{…}"
         raise BadRequest(f"{param}: {err['msg']} (got {given})", param=param) from e
     bad = _unsupported(req)
@@ -173,8 +224,11 @@ def validate(model: type[T], body: dict[str, Any], config: GatewayConfig) -> T:
 
 def _check_bounds(req: _Sampling, config: GatewayConfig) -> None:
     def too_big(param: str, what: str, value: int, limit: int) -> BadRequest:
-        return BadRequest(f"{param}: {what} {value} is over this gateway's limit of {limit}",
-                          param=param, code="limit_exceeded")  # fmt: skip
+        return BadRequest(
+            f"{param}: {what} {value} is over this gateway's limit of {limit}",
+            param=param,
+            code="limit_exceeded",
+        )
 
     if len(req.stops()) > 4:
         raise BadRequest(f"stop: at most 4 sequences, got {len(req.stops())}", param="stop")
@@ -189,8 +243,9 @@ def _check_bounds(req: _Sampling, config: GatewayConfig) -> None:
         if chars > config.max_prompt_chars:
             raise too_big("messages", "characters", chars, config.max_prompt_chars)
         if not any(m.role == "user" and m.text() for m in req.messages):
-            raise BadRequest("messages: at least one user message with content is needed",
-                             param="messages")  # fmt: skip
+            raise BadRequest(
+                "messages: at least one user message with content is needed", param="messages"
+            )
         choices = req.n
     else:
         assert isinstance(req, CompletionRequest)

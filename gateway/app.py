@@ -47,47 +47,62 @@ async def read_body(request: Request, limit: int) -> bytes:
     """The body, refused past ``limit`` bytes without reading more than that."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        raise BadRequest(f"the request body is {declared} bytes; this gateway takes at most "
-                         f"{limit}", code="request_too_large")  # fmt: skip
+        raise BadRequest(
+            f"the request body is {declared} bytes; this gateway takes at most {limit}",
+            code="request_too_large",
+        )
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise BadRequest(f"the request body is over {limit} bytes, this gateway's limit",
-                             code="request_too_large")  # fmt: skip
+            raise BadRequest(
+                f"the request body is over {limit} bytes, this gateway's limit",
+                code="request_too_large",
+            )
         chunks.append(chunk)
     return b"".join(chunks)
 
 
-def _chat_payloads(req: ChatRequest, ids: list[str], alias: str, revision: int | None,
-                   max_tokens: int, expires_at: datetime) -> list[InferRequested]:  # fmt: skip
-    turns = [ChatTurn(role="system" if m.role == "developer" else m.role, content=m.text())
-             for m in req.messages]  # fmt: skip
-    last_user = next(m.text() for m in reversed(req.messages) if m.role == "user" and m.text())
-    return [InferRequested(
-        request_id=rid, alias=alias, revision=revision, prompt=last_user, max_tokens=max_tokens,
-        temperature=OPENAI_TEMPERATURE if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        seed=None if req.seed is None else req.seed + i, stop=req.stops(), chat=True,
-        messages=turns, logprobs=bool(req.logprobs), expires_at=expires_at,
-    ) for i, rid in enumerate(ids)]  # fmt: skip
+def _sampling(req: ChatRequest | CompletionRequest, i: int) -> dict[str, Any]:
+    """The sampling fields of choice ``i``, with OpenAI's defaults where the body left them out;
+    each choice gets its own seed (``seed + i``) so ``n`` choices are not ``n`` copies."""
+    return {
+        "temperature": OPENAI_TEMPERATURE if req.temperature is None else req.temperature,
+        "top_p": 1.0 if req.top_p is None else req.top_p,
+        "seed": None if req.seed is None else req.seed + i,
+        "stop": req.stops(),
+    }
 
 
-def _completion_payloads(req: CompletionRequest, ids: list[str], alias: str,
-                         revision: int | None, max_tokens: int,
-                         expires_at: datetime) -> list[InferRequested]:  # fmt: skip
-    out = []
-    for k, prompt in enumerate(req.prompts()):
-        for i in range(req.n):
-            out.append(InferRequested(
-                request_id=ids[k * req.n + i], alias=alias, revision=revision, prompt=prompt,
-                max_tokens=max_tokens,
-                temperature=OPENAI_TEMPERATURE if req.temperature is None else req.temperature,
-                top_p=1.0 if req.top_p is None else req.top_p,
-                seed=None if req.seed is None else req.seed + i, stop=req.stops(),
-                logprobs=req.logprobs is not None, expires_at=expires_at,
-            ))  # fmt: skip
-    return out
+def _payloads(
+    req: ChatRequest | CompletionRequest, ids: list[str], common: dict[str, Any]
+) -> list[InferRequested]:
+    """One ``InferRequested`` per choice: a chat's last user turn (with the whole conversation)
+    ``n`` times, or each completion prompt ``n`` times; ``common``: alias, revision, max_tokens
+    and the deadline, the same for every choice."""
+    if isinstance(req, ChatRequest):
+        turns = [
+            ChatTurn(role="system" if m.role == "developer" else m.role, content=m.text())
+            for m in req.messages
+        ]
+        last_user = next(m.text() for m in reversed(req.messages) if m.role == "user" and m.text())
+        prompts = [last_user]
+        extra: dict[str, Any] = {"chat": True, "messages": turns, "logprobs": bool(req.logprobs)}
+    else:
+        prompts = req.prompts()
+        extra = {"logprobs": req.logprobs is not None}
+    return [
+        InferRequested(
+            request_id=ids[k * req.n + i], prompt=prompt, **common, **_sampling(req, i), **extra
+        )
+        for k, prompt in enumerate(prompts)
+        for i in range(req.n)
+    ]
+
+
+def _client(request: Request) -> str | None:
+    """The caller's address (behind a proxy: what uvicorn's ``proxy_headers`` made of it)."""
+    return request.client.host if request.client else None
 
 
 async def _sse(chunks: list[dict[str, Any]]) -> AsyncIterator[dict[str, str]]:
@@ -136,8 +151,14 @@ def create_app(gw: Gateway) -> FastAPI:
         finally:
             await run_in_threadpool(gw.close)
 
-    app = FastAPI(title="MinT gateway", version="1", lifespan=lifespan, docs_url=None,
-                  redoc_url=None, openapi_url=None)  # fmt: skip
+    app = FastAPI(
+        title="MinT gateway",
+        version="1",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
     app.state.gateway = gw
 
     app.add_middleware(Measure, metrics=metrics)
@@ -149,65 +170,95 @@ def create_app(gw: Gateway) -> FastAPI:
     @app.exception_handler(CatalogUnavailable)
     async def catalog_down(_request: Request, e: CatalogUnavailable) -> JSONResponse:
         log.warning("catalog unavailable", error=str(e)[:300])
-        err = Unavailable("the catalog is unavailable; retry shortly", code="catalog_unavailable",
-                          headers={"Retry-After": str(cfg.retry_after_s)})  # fmt: skip
+        err = Unavailable(
+            "the catalog is unavailable; retry shortly",
+            code="catalog_unavailable",
+            headers={"Retry-After": str(cfg.retry_after_s)},
+        )
         return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_request: Request, e: Exception) -> JSONResponse:
+        # A bug of ours, never the caller's input (that is a 400 above): still OpenAI's shape,
+        # so a client reads an error rather than failing to parse plain text.
+        log.exception("request failed unexpectedly", error=f"{type(e).__name__}: {e}"[:300])
+        err = ApiError(
+            "the gateway failed to handle this request; retry, and tell the "
+            "operators if it persists",
+            code="internal_error",
+        )
+        return JSONResponse(err.body(), status_code=err.status)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, e: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse({"error": {"message": str(e.detail), "type": "invalid_request_error",
-                                       "param": None, "code": None}},
-                            status_code=e.status_code, headers=e.headers)  # fmt: skip
+        return JSONResponse(
+            {
+                "error": {
+                    "message": str(e.detail),
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": None,
+                }
+            },
+            status_code=e.status_code,
+            headers=e.headers,
+        )
 
     async def infer(request: Request, chat: bool) -> Response:
-        caller = await gw.authenticate(request.headers.get("authorization"))
+        caller = await gw.authenticate(request.headers.get("authorization"), _client(request))
         await gw.admit(caller.tenant)
         body = parse_json(await read_body(request, cfg.max_body_bytes))
         req: ChatRequest | CompletionRequest = validate(
             ChatRequest if chat else CompletionRequest, body, cfg
-        )  # fmt: skip
+        )
         ref = parse_model(req.model, caller.tenant)
         alias, revision = await gw.target(ref, req.model)
         correlation_id = uuid.uuid4()
-        with bound_event(correlation_id=str(correlation_id), tenant=caller.tenant,
-                         policy=ref.policy, model=req.model, key_id=caller.key_id):  # fmt: skip
+        with bound_event(
+            correlation_id=str(correlation_id),
+            tenant=caller.tenant,
+            policy=ref.policy,
+            model=req.model,
+            key_id=caller.key_id,
+        ):
             per_prompt = req.n  # choices per prompt
             # Past the answer timeout the caller has its 503: engines then skip the request.
             expires_at = datetime.now(UTC) + timedelta(seconds=cfg.answer_timeout_s)
-            if isinstance(req, ChatRequest):
-                base, ids = gw.request_ids(req.n)
-                payloads = _chat_payloads(req, ids, alias, revision, req.limit(cfg), expires_at)
-            else:
-                base, ids = gw.request_ids(req.n * len(req.prompts()))
-                payloads = _completion_payloads(req, ids, alias, revision, req.limit(cfg),
-                                                expires_at)  # fmt: skip
+            prompts = 1 if isinstance(req, ChatRequest) else len(req.prompts())
+            base, ids = gw.request_ids(req.n * prompts)
+            common = {
+                "alias": alias,
+                "revision": revision,
+                "max_tokens": req.limit(cfg),
+                "expires_at": expires_at,
+            }
+            payloads = _payloads(req, ids, common)
             t0 = time.perf_counter()
             try:
                 done = await gw.run(ref, req.model, payloads, correlation_id)
             except ApiError as e:
                 log.info("request refused", status=e.status, code=e.code, error=e.message[:200])
                 raise
-            log.info("request answered", choices=len(done), revision=done[0].revision,
-                     ms=round((time.perf_counter() - t0) * 1000, 1), stream=req.stream)  # fmt: skip
+            log.info(
+                "request answered",
+                choices=len(done),
+                revision=done[0].revision,
+                ms=round((time.perf_counter() - t0) * 1000, 1),
+                stream=req.stream,
+            )
         headers = responses.revision_headers(done, ref)
         headers["x-mint-correlation-id"] = str(correlation_id)
         created = int(time.time())
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        if chat:
-            rid = f"chatcmpl-{base}"
-            if req.stream:
-                chunks = responses.chat_chunks(rid, created, req.model, done, per_prompt,
-                                               include_usage)  # fmt: skip
-                return EventSourceResponse(_sse(chunks), headers=headers, ping=15)
-            return JSONResponse(responses.chat_completion(rid, created, req.model, done,
-                                                          per_prompt), headers=headers)  # fmt: skip
-        rid = f"cmpl-{base}"
+        rid = f"chatcmpl-{base}" if chat else f"cmpl-{base}"
         if req.stream:
-            chunks = responses.completion_chunks(rid, created, req.model, done, per_prompt,
-                                                 include_usage)  # fmt: skip
+            chunks = responses.stream_chunks(
+                chat, rid, created, req.model, done, per_prompt, include_usage
+            )
             return EventSourceResponse(_sse(chunks), headers=headers, ping=15)
-        return JSONResponse(responses.completion(rid, created, req.model, done, per_prompt),
-                            headers=headers)  # fmt: skip
+        return JSONResponse(
+            responses.response(chat, rid, created, req.model, done, per_prompt), headers=headers
+        )
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -219,18 +270,31 @@ def create_app(gw: Gateway) -> FastAPI:
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> JSONResponse:
-        caller = await gw.authenticate(request.headers.get("authorization"))
+        caller = await gw.authenticate(request.headers.get("authorization"), _client(request))
         await gw.admit(caller.tenant)
         found = await gw.models(caller.tenant)
-        return JSONResponse({"object": "list", "data": [
-            {"id": m.id, "object": "model", "owned_by": caller.tenant,
-             "created": int(m.created.timestamp()) if m.created else 0} for m in found]})  # fmt: skip
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": m.id,
+                        "object": "model",
+                        "owned_by": caller.tenant,
+                        "created": int(m.created.timestamp()) if m.created else 0,
+                    }
+                    for m in found
+                ],
+            }
+        )
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
         ok = gw.engines.healthy
-        return JSONResponse({"status": "ok" if ok else "answers not followed",
-                             "instance": cfg.instance_id}, status_code=200 if ok else 503)  # fmt: skip
+        return JSONResponse(
+            {"status": "ok" if ok else "answers not followed", "instance": cfg.instance_id},
+            status_code=200 if ok else 503,
+        )
 
     @app.get("/metrics")
     async def prometheus() -> Response:

@@ -13,8 +13,9 @@ _MISSING = object()
 
 
 class TtlCache(Generic[V]):
-    def __init__(self, ttl_s: float, max_entries: int = 10_000,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self, ttl_s: float, max_entries: int = 10_000, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.ttl_s, self.max_entries, self.clock = ttl_s, max_entries, clock
         self._entries: OrderedDict[Hashable, tuple[V, float]] = OrderedDict()
         self._lock = threading.Lock()
@@ -52,9 +53,15 @@ class Cached(Generic[V]):
     have to load), ``load`` reads through and remembers (``ttl_of(value)`` may shorten the time,
     e.g. for negative answers)."""
 
-    def __init__(self, load: Callable[[Hashable], V], ttl_s: float, *, max_entries: int = 10_000,
-                 ttl_of: Callable[[V], float] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self,
+        load: Callable[[Hashable], V],
+        ttl_s: float,
+        *,
+        max_entries: int = 10_000,
+        ttl_of: Callable[[V], float] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._load, self._ttl_of = load, ttl_of
         self._cache: TtlCache[V] = TtlCache(ttl_s, max_entries, clock)
         self.loads = 0

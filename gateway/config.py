@@ -35,6 +35,12 @@ class GatewayConfig(BaseModel):
     # Per-tenant token bucket, per instance, when the tenant's access row sets no rate.
     rate_per_s: float = Field(20.0, gt=0, description="default requests per second per tenant")
     burst: int = Field(40, ge=1, description="default bucket size per tenant")
+    # Failed API key checks (each costs a catalog read and a scrypt run): past the budget, 429.
+    key_failures_burst: int = Field(10, ge=1, description="failed checks per key id at once")
+    key_failures_per_s: float = Field(0.2, gt=0, description="then this many per second")
+    client_failures_burst: int = Field(20, ge=1, description="failed checks per address at once")
+    client_failures_per_s: float = Field(1.0, gt=0, description="then this many per second")
+    key_check_threads: int = Field(2, ge=1, le=16, description="threads that run scrypt")
     # Bounds on a request.
     max_body_bytes: int = Field(256 * 1024, ge=1024)
     max_prompt_chars: int = Field(32_000, ge=1, le=200_000)

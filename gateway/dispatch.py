@@ -34,16 +34,23 @@ def _done(future: asyncio.Future, value: Any, error: BaseException | None) -> No
 class KafkaEngines:
     """The engines behind Kafka, as seen by one gateway instance."""
 
-    def __init__(self, settings: MintSettings, instance_id: str, metrics: GatewayMetrics, *,
-                 retry_after_s: int = 5) -> None:  # fmt: skip
+    def __init__(
+        self,
+        settings: MintSettings,
+        instance_id: str,
+        metrics: GatewayMetrics,
+        *,
+        retry_after_s: int = 5,
+    ) -> None:
         self.settings, self.metrics, self.retry_after_s = settings, metrics, retry_after_s
         self.topic = topic_for(settings, "infer.requests")
         self.router = ReplyRouter(settings, instance_id, metrics)
         self.request_prefix = self.router.prefix
         # linger 0: a request is sent at once (the default 5 ms batches a producer's records);
         # max_block 5 s: a send never holds the event loop for kafka-python's default minute.
-        self.producer = make_producer(settings, client_id=f"{instance_id}-requests", linger_ms=0,
-                                      max_block_ms=5000)  # fmt: skip
+        self.producer = make_producer(
+            settings, client_id=f"{instance_id}-requests", linger_ms=0, max_block_ms=5000
+        )
 
     def start(self) -> None:
         self.producer.partitions_for(self.topic)  # metadata now, not on the 1st send
@@ -61,8 +68,11 @@ class KafkaEngines:
         sent.add_errback(lambda e: loop.call_soon_threadsafe(_done, acked, None, e))
         return acked
 
-    async def submit(self, envs: list[Envelope[InferRequested]], timeout_s: float,
-                     ) -> list[Envelope[Any]]:  # fmt: skip
+    async def submit(
+        self,
+        envs: list[Envelope[InferRequested]],
+        timeout_s: float,
+    ) -> list[Envelope[Any]]:
         """Publish ``envs`` and wait for an answer to each (in order). Unavailable when Kafka
         does not take them or no engine answers within ``timeout_s``."""
         answers = [self.router.expect(env.event_id) for env in envs]
@@ -74,8 +84,9 @@ class KafkaEngines:
                 except Exception as e:  # the broker did not confirm: nothing was asked
                     raise Unavailable(
                         f"the request could not be queued for the engines ({type(e).__name__}); "
-                        "retry shortly", headers={"Retry-After": str(self.retry_after_s)},
-                    ) from e  # fmt: skip
+                        "retry shortly",
+                        headers={"Retry-After": str(self.retry_after_s)},
+                    ) from e
                 self.metrics.infer_requests.inc(len(envs))
                 got = list(await asyncio.gather(*answers))
         except TimeoutError:

@@ -10,22 +10,36 @@ from __future__ import annotations
 
 from typing import Any
 
+from schemas.exceptions import MintError
 
-class ApiError(Exception):
+
+class ApiError(MintError):
     status = 500
     type = "server_error"
     code: str | None = None
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message, self.param = message, param
         self.code = code or self.code
         self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}  # fmt: skip
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 class BadRequest(ApiError):
@@ -38,9 +52,12 @@ class Unauthorized(ApiError):
     status, type, code = 401, "invalid_request_error", "invalid_api_key"
 
     def __init__(self, message: str = "") -> None:
-        super().__init__(message or "Incorrect or revoked API key provided. Send "
-                         "'Authorization: Bearer mint_<key id>_<secret>' with a key from "
-                         "`mint keys create`.")  # fmt: skip
+        super().__init__(
+            message
+            or "Incorrect or revoked API key provided. Send "
+            "'Authorization: Bearer mint_<key id>_<secret>' with a key from "
+            "`mint keys create`."
+        )
 
 
 class ModelNotFound(ApiError):
@@ -49,8 +66,11 @@ class ModelNotFound(ApiError):
     status, type, code = 404, "invalid_request_error", "model_not_found"
 
     def __init__(self, model: str) -> None:
-        super().__init__(f"The model '{model[:300]}' does not exist or you do not have access "
-                         "to it. List yours with GET /v1/models.", param="model")  # fmt: skip
+        super().__init__(
+            f"The model '{model[:300]}' does not exist or you do not have access "
+            "to it. List yours with GET /v1/models.",
+            param="model",
+        )
 
 
 class RateLimited(ApiError):

@@ -29,11 +29,14 @@ def build(settings: MintSettings, config: GatewayConfig) -> Gateway:
     ensure_topics(settings, ["infer.requests", "infer.results"])
     cluster, session = connect(settings)
     try:
-        directory = CatalogDirectory(CatalogRepository(session, settings.keyspace),
-                                     AccessRepository(session, settings.keyspace))  # fmt: skip
+        directory = CatalogDirectory(
+            CatalogRepository(session, settings.keyspace),
+            AccessRepository(session, settings.keyspace),
+        )
         metrics = GatewayMetrics()
-        engines = KafkaEngines(settings, config.instance_id, metrics,
-                               retry_after_s=config.retry_after_s)  # fmt: skip
+        engines = KafkaEngines(
+            settings, config.instance_id, metrics, retry_after_s=config.retry_after_s
+        )
     except BaseException:
         cluster.shutdown()
         raise
@@ -47,8 +50,15 @@ def serve(settings: MintSettings, config: GatewayConfig) -> None:
     from gateway.app import create_app
 
     app = create_app(build(settings, config))
-    uvicorn.run(app, host=config.host, port=config.port, log_config=None, access_log=False,
-                proxy_headers=True, timeout_graceful_shutdown=10)  # fmt: skip
+    uvicorn.run(
+        app,
+        host=config.host,
+        port=config.port,
+        log_config=None,
+        access_log=False,
+        proxy_headers=True,
+        timeout_graceful_shutdown=10,
+    )
 
 
 class ThreadedServer:
@@ -64,14 +74,15 @@ class ThreadedServer:
         cfg = gateway.config
         port = cfg.port or _free_port(cfg.host)
         self.url = f"http://{cfg.host}:{port}"
-        self.server = uvicorn.Server(uvicorn.Config(create_app(gateway), host=cfg.host,
-                                                    port=port, log_config=None,
-                                                    access_log=False))  # fmt: skip
+        self.server = uvicorn.Server(
+            uvicorn.Config(
+                create_app(gateway), host=cfg.host, port=port, log_config=None, access_log=False
+            )
+        )
         self._thread: threading.Thread | None = None
 
     def start(self, timeout_s: float = 60.0) -> ThreadedServer:
-        self._thread = threading.Thread(target=self.server.run, name="gateway-http",
-                                        daemon=True)  # fmt: skip
+        self._thread = threading.Thread(target=self.server.run, name="gateway-http", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         while not self.server.started:

@@ -1,4 +1,5 @@
-"""Per-tenant request rates: one token bucket per tenant, per gateway instance.
+"""Per-tenant request rates: one token bucket per tenant, per gateway instance (the same buckets
+count failed API key checks per key id and per client address: gateway.auth).
 
 A bucket holds up to ``burst`` tokens and refills at ``rate`` tokens per second; each request
 takes one. Instances do not share buckets (nothing is kept that another instance needs), so with
@@ -16,8 +17,9 @@ from collections.abc import Callable
 
 
 class RateLimiter:
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic,
-                 max_tenants: int = 100_000) -> None:  # fmt: skip
+    def __init__(
+        self, *, clock: Callable[[], float] = time.monotonic, max_tenants: int = 100_000
+    ) -> None:
         self.clock, self.max_tenants = clock, max_tenants
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # tokens, at
         self._lock = threading.Lock()
@@ -38,6 +40,14 @@ class RateLimiter:
             while len(self._buckets) > self.max_tenants:  # a forgotten bucket starts full
                 self._buckets.popitem(last=False)
         return wait
+
+    def give_back(self, name: str, burst: int) -> None:
+        """Return a token taken for work that turned out not to count (a key check that
+        succeeded): the bucket is as if it had not been taken, never above ``burst``."""
+        with self._lock:
+            hit = self._buckets.get(name)
+            if hit is not None:
+                self._buckets[name] = (min(float(burst), hit[0] + 1.0), hit[1])
 
 
 def retry_after(wait_s: float) -> str:

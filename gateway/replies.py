@@ -22,15 +22,14 @@ import uuid
 from typing import Any
 
 import structlog
-from kafka import TopicPartition
 
 from gateway.metrics import GatewayMetrics
 from schemas.envelope import Envelope
 from schemas.exceptions import SchemaError
 from schemas.registry import decode_event
 from schemas.settings import MintSettings
-from streams.clients import make_consumer
 from streams.exceptions import TopicError
+from streams.follower import Follower
 from streams.topics import topic_for
 
 log = structlog.get_logger()
@@ -51,29 +50,31 @@ class ReplyRouter:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._consumer: Any = None
+        self._follower: Follower | None = None
         self.counts = {"own": 0, "late": 0, "foreign": 0, "undecodable": 0}
 
     def start(self) -> None:
         """Position at the end of every partition, then follow. Returns once the positions are
         fixed, so an answer to any request published afterwards is seen."""
-        c = make_consumer(self.settings, group_id=None, client_id=f"{self.instance_id}-replies",
-                          fetch_max_wait_ms=100)  # fmt: skip
-        parts = c.partitions_for_topic(self.topic)
-        if not parts:
-            c.close()
-            raise TopicError(f"topic {self.topic} has no partitions: create the topics first "
-                             "(`mint topics --create`)")  # fmt: skip
-        tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
-        c.assign(tps)
-        c.seek_to_end(*tps)
-        for tp in tps:
-            c.position(tp)  # resolve the lazy seek now, before any request is published
-        self._consumer = c
-        self._thread = threading.Thread(target=self._run, name="gateway-replies", daemon=True)
+        follower = Follower(
+            self.settings, client_id=f"{self.instance_id}-replies", fetch_max_wait_ms=100
+        )
+        tps = follower.partitions(self.topic)
+        if not tps:
+            follower.close()
+            raise TopicError(
+                f"topic {self.topic} has no partitions: create the topics first "
+                "(`mint topics --create`)"
+            )
+        follower.assign(tps, "end")  # fixed now, before any request is published
+        self._follower = follower
+        self._thread = threading.Thread(
+            target=self._run, args=(follower,), name="gateway-replies", daemon=True
+        )
         self._thread.start()
-        log.info("following answers", topic=self.topic, partitions=len(tps),
-                 request_prefix=self.prefix)  # fmt: skip
+        log.info(
+            "following answers", topic=self.topic, partitions=len(tps), request_prefix=self.prefix
+        )
 
     @property
     def alive(self) -> bool:
@@ -93,22 +94,19 @@ class ReplyRouter:
             self._pending.pop(event_id, None)
             self.metrics.pending.set(len(self._pending))
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                batches = self._consumer.poll(timeout_ms=200)
-            except Exception as e:  # the client reconnects by itself; keep following
-                log.warning("reading answers failed; retrying", error=f"{type(e).__name__}: {e}")
-                self._stop.wait(0.5)
-                continue
-            for records in batches.values():
-                for record in records:
-                    try:
-                        self._route(record.value)
-                    except Exception:  # one odd record must not stop the answers of all
-                        log.exception("could not route an answer", offset=record.offset,
-                                      partition=record.partition)  # fmt: skip
-                        self._count("undecodable")
+    def _run(self, follower: Follower) -> None:
+        # A failed read is retried (the client reconnects by itself): keep following.
+        for records in follower.follow(self._stop, timeout_ms=200, retry_errors=True):
+            for record in records:
+                try:
+                    self._route(record.value)
+                except Exception:  # one odd record must not stop the answers of all
+                    log.exception(
+                        "could not route an answer",
+                        offset=record.offset,
+                        partition=record.partition,
+                    )
+                    self._count("undecodable")
 
     def _route(self, value: bytes | None) -> None:
         if not value or self._marker not in value:
@@ -141,5 +139,5 @@ class ReplyRouter:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        if self._consumer is not None:
-            self._consumer.close(autocommit=False)
+        if self._follower is not None:
+            self._follower.close()

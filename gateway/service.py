@@ -15,14 +15,14 @@ from collections.abc import Callable, Hashable
 from typing import Any, Protocol, TypeVar
 
 from catalog.models import ApiKey, TenantAccess
-from gateway.auth import Authenticator, Caller
+from catalog.refs import Ref
+from gateway.auth import Authenticator, Budget, Caller
 from gateway.cache import MISSING, Cached
 from gateway.config import GatewayConfig
 from gateway.directory import ModelEntry
 from gateway.errors import BadRequest, ModelNotFound, RateLimited, Unauthorized
 from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import RateLimiter, retry_after
-from gateway.refs import ModelRef
 from gateway.responses import check_answers
 from schemas.envelope import Envelope, make_event
 from schemas.events import InferCompleted, InferRequested
@@ -51,28 +51,50 @@ class Engines(Protocol):
     def healthy(self) -> bool: ...
     def start(self) -> None: ...
     def close(self) -> None: ...
-    async def submit(self, envs: list[Envelope[InferRequested]],
-                     timeout_s: float) -> list[Envelope[Any]]: ...  # fmt: skip
+    async def submit(
+        self, envs: list[Envelope[InferRequested]], timeout_s: float
+    ) -> list[Envelope[Any]]: ...
 
 
 class Gateway:
-    def __init__(self, config: GatewayConfig, catalog: Catalog, engines: Engines, *,
-                 metrics: GatewayMetrics | None = None,
-                 clock: Callable[[], float] = time.monotonic,
-                 on_close: Callable[[], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: GatewayConfig,
+        catalog: Catalog,
+        engines: Engines,
+        *,
+        metrics: GatewayMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
         self.config, self.catalog, self.engines = config, catalog, engines
         self.metrics = metrics or GatewayMetrics()
         self.producer_name = f"gateway/{config.instance_id}"
-        self.auth = Authenticator(catalog.key, config.key_ttl_s, clock=clock)
+        self.auth = Authenticator(
+            catalog.key,
+            config.key_ttl_s,
+            clock=clock,
+            threads=config.key_check_threads,
+            per_key=Budget(config.key_failures_burst, config.key_failures_per_s),
+            per_client=Budget(config.client_failures_burst, config.client_failures_per_s),
+        )
         self.limiter = RateLimiter(clock=clock)
         ttl = config.catalog_ttl_s
         short = min(ttl, NEGATIVE_TTL_S)
         self._tenants = Cached(catalog.tenant, ttl, clock=clock)
-        self._policies = Cached(lambda k: catalog.policy_exists(*k), ttl, clock=clock,
-                                ttl_of=lambda found: ttl if found else short)  # fmt: skip
+        self._policies = Cached(
+            lambda k: catalog.policy_exists(*k),
+            ttl,
+            clock=clock,
+            ttl_of=lambda found: ttl if found else short,
+        )
         # A digest names one revision forever; only "not found" may change.
-        self._digests = Cached(lambda k: catalog.revision_of_digest(*k), 24 * 3600.0,
-                               clock=clock, ttl_of=lambda rev: 24 * 3600.0 if rev else short)  # fmt: skip
+        self._digests = Cached(
+            lambda k: catalog.revision_of_digest(*k),
+            24 * 3600.0,
+            clock=clock,
+            ttl_of=lambda rev: 24 * 3600.0 if rev else short,
+        )
         self._models = Cached(catalog.models, ttl, clock=clock)
         self._on_close = on_close
 
@@ -83,6 +105,7 @@ class Gateway:
 
     def close(self) -> None:
         self.engines.close()
+        self.auth.close()
         if self._on_close is not None:
             self._on_close()
 
@@ -94,16 +117,17 @@ class Gateway:
             value = await asyncio.to_thread(cached.load, key)
         return value  # type: ignore[return-value]
 
-    async def authenticate(self, header: str | None) -> Caller:
+    async def authenticate(self, header: str | None, client: str | None = None) -> Caller:
+        """The caller of an Authorization header sent from ``client`` (its address: failed
+        checks are throttled per address too)."""
         try:
-            caller = self.auth.authenticate(header, blocking=False)
-            if caller is None:
-                caller = await asyncio.to_thread(self.auth.authenticate, header)
+            return await self.auth.authenticate_async(header, client)
         except Unauthorized:
             self.metrics.auth_failures.inc()
             raise
-        assert caller is not None
-        return caller
+        except RateLimited:
+            self.metrics.rate_limited.inc()
+            raise
 
     async def admit(self, tenant: str) -> None:
         """Take a token of the tenant's bucket, or RateLimited with Retry-After."""
@@ -119,7 +143,7 @@ class Gateway:
                 headers={"Retry-After": retry_after(wait)},
             )
 
-    async def target(self, ref: ModelRef, model: str) -> tuple[str, int | None]:
+    async def target(self, ref: Ref, model: str) -> tuple[str, int | None]:
         """(alias, revision) to ask the engines for; ModelNotFound when the caller's tenant has
         no such policy or digest (the engine says so for aliases and numbers that point
         nowhere)."""
@@ -140,18 +164,31 @@ class Gateway:
         base = uuid.uuid4().hex[:24]
         return base, [f"{self.engines.request_prefix}{base}.{i}" for i in range(n)]
 
-    async def run(self, ref: ModelRef, model: str, payloads: list[InferRequested],
-                  correlation_id: uuid.UUID) -> list[InferCompleted]:  # fmt: skip
+    async def run(
+        self, ref: Ref, model: str, payloads: list[InferRequested], correlation_id: uuid.UUID
+    ) -> list[InferCompleted]:
         """Ask the engines (one request per choice, one correlation id) and return the answers
         in order, or the error of the first failed one."""
         try:
-            envs = [make_event(p, tenant=ref.tenant, policy=ref.policy,
-                               producer=self.producer_name, correlation_id=correlation_id)
-                    for p in payloads]  # fmt: skip
+            envs = [
+                make_event(
+                    p,
+                    tenant=ref.tenant,
+                    policy=ref.policy,
+                    producer=self.producer_name,
+                    correlation_id=correlation_id,
+                )
+                for p in payloads
+            ]
         except EventValidationError as e:
             raise BadRequest(str(e)) from e
         answers = await self.engines.submit(envs, self.config.answer_timeout_s)
-        done = check_answers(answers, model, self.config.retry_after_s)
+        done = check_answers(
+            answers,
+            model,
+            self.config.retry_after_s,
+            prompt_param="messages" if payloads[0].chat else "prompt",
+        )
         self.metrics.tokens.labels("prompt").inc(sum(p.prompt_tokens for p in done))
         self.metrics.tokens.labels("completion").inc(sum(p.completion_tokens for p in done))
         return done

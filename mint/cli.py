@@ -8,15 +8,22 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from mint.commands.errors import fail, one_line_errors
 from schemas.logs import configure_logging
 from schemas.settings import get_settings
 
 console = Console(stderr=True)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--log-format", type=click.Choice(["console", "json"]), default="console",
-              show_default=True, help="Log lines for people (console) or machines (json).")  # fmt: skip
+# Every command's --help shows its options' defaults: one setting here, inherited by each
+# subcommand's context (an option whose default says nothing, such as "", sets show_default=False).
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.option(
+    "--log-format",
+    type=click.Choice(["console", "json"]),
+    default="console",
+    help="Log lines for people (console) or machines (json).",
+)
 def main(log_format: str) -> None:
     """MinT: LoRA post-training and serving over resident base models.
 
@@ -58,9 +65,14 @@ def _dev_settings(secure: bool):
 
 
 @dev.command("up")
-@click.option("--only", type=click.Choice(["kafka", "cassandra"]), multiple=True,
-              help="Start just this service (repeatable). Default: both.")  # fmt: skip
+@click.option(
+    "--only",
+    type=click.Choice(["kafka", "cassandra"]),
+    multiple=True,
+    help="Start just this service (repeatable). Default: both.",
+)
 @click.option("--secure", is_flag=True, help=SECURE_HELP)
+@one_line_errors(RuntimeError)  # the secure setup's broker refusals (streams/acls.py)
 def dev_up(only: tuple[str, ...], secure: bool) -> None:
     """Start Kafka and Cassandra (idempotent) and wait until both answer.
 
@@ -68,29 +80,30 @@ def dev_up(only: tuple[str, ...], secure: bool) -> None:
     With --secure, each principal's settings land in .mint/secure/env/<principal>.env:
       set -a; . .mint/secure/env/operator.env; set +a   # the CLI and SDK as `operator`
     """
-    from mint.dev import LauncherError, status, up
+    from mint.dev import status, up
 
     settings = _dev_settings(secure)
-    other = get_settings().model_copy(update={"state_dir": settings.state_dir.parent}) \
-        if settings.kafka_secure else _dev_settings(True)  # fmt: skip
+    other = (
+        get_settings().model_copy(update={"state_dir": settings.state_dir.parent})
+        if settings.kafka_secure
+        else _dev_settings(True)
+    )
     running = [s.name for s in status(other) if s.pid]
     if running:  # both pairs use the same ports: the other one would answer in this one's place
         flag = "" if settings.kafka_secure else " --secure"
-        console.print(f"[red]error:[/red] the {'plain' if settings.kafka_secure else 'secure'} "
-                      f"pair runs on these ports ({', '.join(running)}): stop it first with "
-                      f"`mint dev down{flag}`")  # fmt: skip
-        sys.exit(1)
-    try:
-        ready = up(settings, only or ("kafka", "cassandra"))
-        if secure and not only:
-            from mint.dev.secure import setup
+        fail(
+            f"the {'plain' if settings.kafka_secure else 'secure'} pair runs on these ports "
+            f"({', '.join(running)}): stop it first with `mint dev down{flag}`"
+        )
+    ready = up(settings, only or ("kafka", "cassandra"))
+    if secure and not only:
+        from mint.dev.secure import setup
 
-            applied = setup(settings)
-            console.print(f"credentials: {applied['acls']} Kafka ACLs, {applied['roles']} "
-                          f"Cassandra roles; env files in {settings.state_dir / 'env'}")  # fmt: skip
-    except (LauncherError, RuntimeError, OSError) as e:
-        console.print(f"[red]error:[/red] {e}")
-        sys.exit(1)
+        applied = setup(settings)
+        console.print(
+            f"credentials: {applied['acls']} Kafka ACLs, {applied['roles']} "
+            f"Cassandra roles; env files in {settings.state_dir / 'env'}"
+        )
     for name, seconds in ready.items():
         console.print(f"{name} ready after {seconds:.1f} s")
     _print_status(settings)
@@ -98,6 +111,7 @@ def dev_up(only: tuple[str, ...], secure: bool) -> None:
 
 @dev.command("down")
 @click.option("--secure", is_flag=True, help="Stop the secure pair (see `up --secure`).")
+@one_line_errors
 def dev_down(secure: bool) -> None:
     """Stop the services that `mint dev up` started (by pid file, never by name)."""
     from mint.dev import down
@@ -108,6 +122,7 @@ def dev_down(secure: bool) -> None:
 
 @dev.command("status")
 @click.option("--secure", is_flag=True, help="Check the secure pair (see `up --secure`).")
+@one_line_errors
 def dev_status(secure: bool) -> None:
     """Show whether Kafka and Cassandra answer; exit 1 if either does not."""
     if not _print_status(_dev_settings(secure)):
@@ -120,8 +135,14 @@ def _print_status(settings=None) -> bool:
     table = Table("service", "state", "mode", "address", "pid", "rss MB")
     rows = status(settings or get_settings())
     for s in rows:
-        table.add_row(s.name, "[green]up[/green]" if s.answering else "[red]down[/red]", s.mode,
-                      s.address, str(s.pid or "-"), f"{s.rss_mb:.0f}" if s.rss_mb else "-")  # fmt: skip
+        table.add_row(
+            s.name,
+            "[green]up[/green]" if s.answering else "[red]down[/red]",
+            s.mode,
+            s.address,
+            str(s.pid or "-"),
+            f"{s.rss_mb:.0f}" if s.rss_mb else "-",
+        )
     console.print(table)
     return all(s.answering for s in rows)
 

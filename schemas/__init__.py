@@ -8,6 +8,7 @@ from schemas.envelope import Command, Envelope, Payload, make_event
 from schemas.exceptions import (
     EventDecodeError,
     EventValidationError,
+    MintError,
     SchemaError,
     UnknownEventType,
     UnsupportedSchemaVersion,
@@ -32,6 +33,7 @@ __all__ = [
     "Envelope",
     "EventDecodeError",
     "EventValidationError",
+    "MintError",
     "MintSettings",
     "Payload",
     "SchemaError",

@@ -136,3 +136,23 @@ def make_event(
         raise EventValidationError(
             validation_message(e, f"cannot build a {payload.event_type} event")
         ) from e
+
+
+def make_reply(
+    payload: P,
+    cause: Envelope[Any],
+    *,
+    producer: str,
+    event_id: uuid.UUID | None = None,
+    occurred_at: datetime | None = None,
+) -> Envelope[P]:
+    """An event that answers ``cause``: about the same policy, caused by it (one correlation)."""
+    return make_event(
+        payload,
+        tenant=cause.tenant,
+        policy=cause.policy,
+        producer=producer,
+        caused_by=cause,
+        event_id=event_id,
+        occurred_at=occurred_at,
+    )

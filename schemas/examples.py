@@ -90,7 +90,7 @@ def example_fields(
             "revision": 1,
             "adapter_digest": DIGEST,
             "load_ms": 12.5,
-        },  # fmt: skip
+        },
         "load.evicted": {"engine_id": "engine-0", "revision": 1, "adapter_digest": DIGEST},
         "load.failed": {"revision": 1, "adapter_digest": DIGEST, "error": "digest mismatch"},
         "infer.requested": {"request_id": "req-1", "prompt": "2+2=", "max_tokens": 4},

@@ -23,6 +23,14 @@ ProducerName = Annotated[str, StringConstraints(pattern=PRODUCER_RE)]
 MetricName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")]
 ModuleName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.*]{0,255}$")]
 
+# A reward or suite from outside MinT named as ``module:attribute`` (workers.plugins): a dotted
+# module path, a colon and one identifier, nothing else (importing it is gated by the operator).
+_PLUGIN_REF = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*"
+PLUGIN_REF_RE = rf"^{_PLUGIN_REF}$"
+# A reward by name (built-in or ``mint.rewards`` entry point) or by ``module:attribute``.
+REWARD_RE = rf"^([a-z][a-z0-9_]{{0,63}}|{_PLUGIN_REF})$"
+RewardName = Annotated[str, StringConstraints(pattern=REWARD_RE, max_length=128)]
+
 URI_RE = r"^(file|s3)://[^\s\\%?#]+$"
 _URI_RE = re.compile(URI_RE)
 

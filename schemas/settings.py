@@ -7,14 +7,17 @@ launcher (``mint dev up``); production sets the ``MINT_*`` variables.
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+_MODULE_RE = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 
 
 def _secret(value: SecretStr, path: Path | None, name: str) -> str:
@@ -23,8 +26,9 @@ def _secret(value: SecretStr, path: Path | None, name: str) -> str:
     try:
         return path.read_text().strip()
     except OSError as e:
-        raise ValueError(f"{name}_FILE {path} cannot be read ({e}); mount the secret there or "
-                         f"set {name}") from e  # fmt: skip
+        raise ValueError(
+            f"{name}_FILE {path} cannot be read ({e}); mount the secret there or set {name}"
+        ) from e
 
 
 class MintSettings(BaseSettings):
@@ -82,6 +86,13 @@ class MintSettings(BaseSettings):
     log_level: str = Field("INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
     log_format: str = Field("json", pattern=r"^(json|console)$")
 
+    # Rewards and suites named module:function in events are imported only from these module
+    # prefixes (workers.plugins): an import runs code chosen by whoever may publish the event.
+    # Empty: built-ins and installed entry points only. MINT_PLUGIN_MODULES=acme_tasks,lab.rl
+    plugin_modules: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), description="module prefixes a module:function reward or suite may be imported from"
+    )
+
     @field_validator("kafka_bootstrap")
     @classmethod
     def _bootstrap_has_ports(cls, v: str) -> str:
@@ -90,6 +101,22 @@ class MintSettings(BaseSettings):
             if not host or not port.isdigit():
                 raise ValueError(
                     f"MINT_KAFKA_BOOTSTRAP entry {part!r} is not host:port (e.g. 127.0.0.1:19092)"
+                )
+        return v
+
+    @field_validator("plugin_modules", mode="before")
+    @classmethod
+    def _split_plugin_modules(cls, v: object) -> object:
+        return tuple(p.strip() for p in v.split(",") if p.strip()) if isinstance(v, str) else v
+
+    @field_validator("plugin_modules")
+    @classmethod
+    def _plugin_modules_are_modules(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for p in v:
+            if not re.match(_MODULE_RE, p):
+                raise ValueError(
+                    f"MINT_PLUGIN_MODULES entry {p!r} is not a dotted module path: give "
+                    "comma-separated module prefixes (e.g. acme_tasks,lab.rl)"
                 )
         return v
 
@@ -119,8 +146,9 @@ class MintSettings(BaseSettings):
         return _secret(self.kafka_password, self.kafka_password_file, "MINT_KAFKA_PASSWORD")
 
     def cassandra_secret(self) -> str:
-        return _secret(self.cassandra_password, self.cassandra_password_file,
-                       "MINT_CASSANDRA_PASSWORD")  # fmt: skip
+        return _secret(
+            self.cassandra_password, self.cassandra_password_file, "MINT_CASSANDRA_PASSWORD"
+        )
 
     @property
     def adapter_store_root(self) -> Path:

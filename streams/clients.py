@@ -8,11 +8,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.errors import KafkaTimeoutError
 
 from schemas.settings import MintSettings
-
-
-class KafkaUnavailable(ConnectionError):
-    """No broker answered at the configured bootstrap servers."""
-
+from streams.exceptions import KafkaUnavailable
 
 # kafka-python backs off reconnects exponentially up to 30 s: after a broker restart its clients
 # would idle for up to that long. 2 s: the fault-injection run recovers from a Kafka kill -9
@@ -29,10 +25,12 @@ def _security(settings: MintSettings) -> dict[str, Any]:
             f"MINT_KAFKA_SECURITY_PROTOCOL={settings.kafka_security_protocol} needs a principal: "
             "set MINT_KAFKA_USERNAME and MINT_KAFKA_PASSWORD(_FILE)"
         )
-    return {"security_protocol": settings.kafka_security_protocol,
-            "sasl_mechanism": settings.kafka_sasl_mechanism,
-            "sasl_plain_username": settings.kafka_username,
-            "sasl_plain_password": settings.kafka_secret()}  # fmt: skip
+    return {
+        "security_protocol": settings.kafka_security_protocol,
+        "sasl_mechanism": settings.kafka_sasl_mechanism,
+        "sasl_plain_username": settings.kafka_username,
+        "sasl_plain_password": settings.kafka_secret(),
+    }
 
 
 def _servers(settings: MintSettings) -> list[str]:

@@ -87,5 +87,6 @@ async def decoded(
             await app.producer.send_and_wait(
                 dlq, message.key, message.value, None, None, letter.to_headers()
             )
-            log.warning("dead-lettered", reason=e.reason, topic=message.topic,
-                        offset=message.offset)  # fmt: skip
+            log.warning(
+                "dead-lettered", reason=e.reason, topic=message.topic, offset=message.offset
+            )

@@ -22,9 +22,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
 
 log = structlog.get_logger()
 
-WAITING = Gauge("mint_consumer_waiting_out_outage",
-                "1 while the loop waits out a transient failure with its partitions paused",
-                ["group"])  # fmt: skip
+WAITING = Gauge(
+    "mint_consumer_waiting_out_outage",
+    "1 while the loop waits out a transient failure with its partitions paused",
+    ["group"],
+)
 
 _lock = threading.Lock()
 _waiting_since: dict[str, float] = {}  # group -> wall time the outage began
@@ -55,7 +57,7 @@ def report() -> dict:
             g: {
                 "waiting_out_outage": g in _waiting_since,
                 "waiting_since": _waiting_since.get(g),
-            }  # fmt: skip
+            }
             for g in sorted(_groups)
         }
     ready = not any(v["waiting_out_outage"] for v in groups.values())

@@ -28,17 +28,29 @@ from kafka import KafkaConsumer
 from kafka.errors import KafkaError
 from prometheus_client import Counter, Gauge
 
-RECORDS = Counter("mint_consumer_records", "records finished by a consumer loop",
-                  ["group", "topic", "outcome"])  # fmt: skip
-DEAD_LETTERS = Counter("mint_consumer_dead_letters", "records sent to the dead-letter topic",
-                       ["group", "topic", "reason"])  # fmt: skip
-TRANSIENT = Counter("mint_consumer_transient_failures",
-                    "handler failures that were waited out (never dead-lettered)", ["group"])  # fmt: skip
-LAG = Gauge("mint_consumer_lag_records",
-            "records on the partition that the consumer has not read yet (high watermark - position)",
-            ["group", "topic", "partition"])  # fmt: skip
-HELD = Gauge("mint_consumer_held_records",
-             "records read and held uncommitted until their work is done", ["group"])  # fmt: skip
+RECORDS = Counter(
+    "mint_consumer_records", "records finished by a consumer loop", ["group", "topic", "outcome"]
+)
+DEAD_LETTERS = Counter(
+    "mint_consumer_dead_letters",
+    "records sent to the dead-letter topic",
+    ["group", "topic", "reason"],
+)
+TRANSIENT = Counter(
+    "mint_consumer_transient_failures",
+    "handler failures that were waited out (never dead-lettered)",
+    ["group"],
+)
+LAG = Gauge(
+    "mint_consumer_lag_records",
+    "records on the partition that the consumer has not read yet (high watermark - position)",
+    ["group", "topic", "partition"],
+)
+HELD = Gauge(
+    "mint_consumer_held_records",
+    "records read and held uncommitted until their work is done",
+    ["group"],
+)
 
 
 class RecordCounters:

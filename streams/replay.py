@@ -20,10 +20,10 @@ from datetime import datetime
 from kafka import TopicPartition
 
 from schemas.settings import MintSettings
-from streams.clients import make_consumer
-from streams.consumer import ConsumerStats, Handler, RetryPolicy, run_range
 from streams.exceptions import StreamsError, TopicError
+from streams.follower import Follower, run_range
 from streams.producer import EventProducer
+from streams.records import ConsumerStats, Handler, RetryPolicy
 
 REPLAY_HEADER = "mint.replay.source"
 
@@ -64,9 +64,8 @@ def resolve_window(
         raise StreamsError("give --to-time or --to-offset, not both")
     if from_time and to_time and to_time < from_time:
         raise StreamsError(f"--to-time {to_time.isoformat()} is before --from-time")
-    consumer = make_consumer(settings, group_id=None, isolation_level="read_committed")
-    try:
-        known = consumer.partitions_for_topic(topic)
+    with Follower(settings, client_id="mint-replay") as follower:
+        known = {tp.partition for tp in follower.partitions(topic)}
         if not known:
             raise TopicError(f"topic {topic!r} does not exist (see `mint topics`)")
         chosen = sorted(known) if partitions is None else partitions
@@ -74,23 +73,16 @@ def resolve_window(
         if missing:
             raise TopicError(f"topic {topic!r} has no partitions {missing} (has {sorted(known)})")
         tps = [TopicPartition(topic, p) for p in chosen]
-        first, last = consumer.beginning_offsets(tps), consumer.end_offsets(tps)
-
-        def at(t: datetime) -> dict[TopicPartition, int]:
-            found = consumer.offsets_for_times({tp: _ms(t) for tp in tps})
-            return {tp: (found[tp].offset if found.get(tp) else last[tp]) for tp in tps}
-
+        first, last = follower.beginning_offsets(tps), follower.end_offsets(tps)
         if from_time is not None:
-            start = at(from_time)
+            start = follower.offsets_at(tps, _ms(from_time))
         else:
             start = {tp: max(first[tp], from_offset or 0) for tp in tps}
         if to_time is not None:
-            end = at(to_time)
+            end = follower.offsets_at(tps, _ms(to_time))
         else:
             end = {tp: last[tp] if to_offset is None else min(last[tp], to_offset) for tp in tps}
         return Window(topic, start, end)
-    finally:
-        consumer.close()
 
 
 def republish(
@@ -101,34 +93,24 @@ def republish(
 ) -> int:
     """Copy the window's records (key, value, headers, plus a source header) to
     ``target_topic``; returns how many the broker confirmed."""
-    consumer = make_consumer(settings, group_id=None, isolation_level="read_committed")
     pending = {tp: off for tp, off in window.start.items() if off < window.end[tp]}
     sent = 0
-    with EventProducer(settings, client_id="mint-replay") as producer:
-        try:
-            consumer.assign(list(pending))
-            for tp, off in pending.items():
-                consumer.seek(tp, off)
-            while pending:
-                futures = []
-                for tp, records in consumer.poll(timeout_ms=500).items():
-                    for r in records:
-                        if r.offset >= window.end[tp]:
-                            break
-                        source = f"{r.topic}/{r.partition}/{r.offset}".encode()
-                        headers = [*(r.headers or []), (REPLAY_HEADER, source)]
-                        futures.append(producer.send_async(target_topic, r.value, r.key, headers))
-                for future in futures:
-                    future.get(timeout=30)
-                sent += len(futures)
-                if progress and futures:
-                    progress(len(futures))
-                for tp in list(pending):
-                    if consumer.position(tp) >= window.end[tp]:
-                        del pending[tp]
-                        consumer.pause(tp)
-        finally:
-            consumer.close()
+    with (
+        EventProducer(settings, client_id="mint-replay") as producer,
+        Follower(settings, client_id="mint-replay") as follower,
+    ):
+        follower.assign(pending, pending)
+        for records in follower.read_to({tp: window.end[tp] for tp in pending}):
+            futures = []
+            for r in records:
+                source = f"{r.topic}/{r.partition}/{r.offset}".encode()
+                headers = [*(r.headers or []), (REPLAY_HEADER, source)]
+                futures.append(producer.send_async(target_topic, r.value, r.key, headers))
+            for future in futures:
+                future.get(timeout=30)
+            sent += len(futures)
+            if progress and futures:
+                progress(len(futures))
     return sent
 
 
@@ -157,8 +139,9 @@ def redrive(
     """Run ``processor`` over the window under a fresh consumer group (or ``group_id``)."""
     handler = load_processor(processor, settings)
     group = group_id or fresh_group(processor)
-    stats = run_range(settings, window.start, window.end, group, handler, retry=retry,
-                      progress=progress)  # fmt: skip
+    stats = run_range(
+        settings, window.start, window.end, group, handler, retry=retry, progress=progress
+    )
     return group, stats
 
 

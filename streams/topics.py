@@ -8,12 +8,14 @@ stays unsubscribed.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import structlog
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 from kafka.partitioner.default import murmur2
 
+from schemas.names import TENANT_RE
 from schemas.registry import TOPIC_OF_TYPE
 from schemas.settings import MintSettings
 from streams.clients import make_admin
@@ -101,14 +103,63 @@ def ensure_topics(
     unknown = [n for n in names if n not in TOPICS]
     if unknown:
         raise TopicError(f"topics {unknown} are not in the registry; known: {', '.join(TOPICS)}")
-    specs = [TOPICS[n] for n in names]
+    return _create(settings, {settings.topic(n): TOPICS[n] for n in names}, timeout_ms)
+
+
+# Each tenant's own copy of a results topic (workers.router fills it): one topic per tenant, so a
+# Kafka ACL can let a tenant's downstream principal read its answers and no one else's.
+TENANT_TOPICS = ("infer.results",)
+
+
+def tenant_namespace(settings: MintSettings, tenant: str) -> str:
+    """``<prefix>.tenant.<tenant>.``: the start of every topic (and consumer group) of one
+    tenant. Tenant names have no dots, so no tenant's namespace starts with another's."""
+    if not re.match(TENANT_RE, tenant):
+        raise TopicError(f"tenant {tenant!r} is not a tenant name ({TENANT_RE})")
+    return f"{settings.topic_prefix}.tenant.{tenant}."
+
+
+def tenant_topic(settings: MintSettings, tenant: str, name: str = "infer.results") -> str:
+    if name not in TENANT_TOPICS:
+        raise TopicError(f"topic {name!r} has no per-tenant copy; those are {TENANT_TOPICS}")
+    return tenant_namespace(settings, tenant) + name
+
+
+def ensure_tenant_topics(
+    settings: MintSettings, tenant: str, timeout_ms: int = 30_000
+) -> list[str]:
+    """Create ``tenant``'s topics if missing (same partitions and retention as the originals,
+    so a policy's answers keep their order); returns the broker names newly created."""
+    return _create(
+        settings, {tenant_topic(settings, tenant, n): TOPICS[n] for n in TENANT_TOPICS}, timeout_ms
+    )
+
+
+def delete_topics(settings: MintSettings, timeout_ms: int = 30_000) -> list[str]:
+    """Delete every topic of this deployment's prefix (tenants' copies too): a test's or a
+    benchmark's own topics once it is done, so a long-lived broker does not carry thousands of
+    dead partitions (each costs broker heap). Returns the names deleted."""
+    admin = make_admin(settings)
+    try:
+        mine = [t for t in admin.list_topics() if t.startswith(f"{settings.topic_prefix}.")]
+        if mine:
+            admin.delete_topics(mine, timeout_ms=timeout_ms)
+        return mine
+    except KafkaError as e:
+        raise TopicError(f"could not delete the topics of {settings.topic_prefix!r}: {e}") from e
+    finally:
+        admin.close()
+
+
+def _create(settings: MintSettings, specs: dict[str, TopicSpec], timeout_ms: int) -> list[str]:
+    """Create the broker topics ``specs`` names that are missing; wait until they have leaders."""
     wanted = {
-        settings.topic(s.name): {
+        name: {
             "num_partitions": settings.topic_partitions,
             "replication_factor": settings.topic_replication,
             "configs": s.configs(),
         }
-        for s in specs
+        for name, s in specs.items()
     }
     admin = make_admin(settings)
     try:

@@ -31,7 +31,7 @@ from schemas.envelope import Envelope
 from schemas.registry import encode_event
 from schemas.settings import MintSettings
 from streams.clients import make_consumer, make_producer
-from streams.consumer import ConsumerStats, RecordLoop, RetryPolicy, Stopped
+from streams.records import ConsumerStats, RecordLoop, RetryPolicy, Stopped
 from streams.topics import DLQ, topic_for, topic_for_type
 
 log = structlog.get_logger()
@@ -52,20 +52,21 @@ def run_transactional(
     max_records: int | None = None,
     idle_timeout_s: float | None = None,
     output_topic: str | None = None,
-    raw_topics: bool = False,
     group_instance_id: str | None = None,
 ) -> ConsumerStats:
     """Run until ``stop`` is set, ``max_records`` inputs were committed, or idle for
     ``idle_timeout_s``. Poison inputs and inputs whose ``process`` keeps failing are
     dead-lettered inside the same transaction."""
-    names = list(topics) if raw_topics else [topic_for(settings, t) for t in topics]
+    names = [topic_for(settings, t) for t in topics]
     stop = stop or threading.Event()
     batch: list[Out] = []  # the current record's outputs or dead letter, for the transaction
     dlq = topic_for(settings, DLQ)
 
     def handle(env: Envelope[Any], record: ConsumerRecord) -> None:
-        batch[:] = [(output_topic or topic_for_type(settings, o.type), o.key, encode_event(o), [])
-                    for o in process(env, record)]  # fmt: skip
+        batch[:] = [
+            (output_topic or topic_for_type(settings, o.type), o.key, encode_event(o), [])
+            for o in process(env, record)
+        ]
 
     def sink(key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]) -> None:
         batch[:] = [(dlq, key, value, headers)]
@@ -73,8 +74,9 @@ def run_transactional(
     # The shared per-record rules: poison at once and a record that keeps failing go to the
     # dead-letter topic (inside this transaction); transient failures are waited out, never
     # dead-lettered.
-    loop = RecordLoop(settings, group_id, handle, retry or RetryPolicy(), None, stop,
-                 dead_letter_sink=sink)  # fmt: skip
+    loop = RecordLoop(
+        settings, group_id, handle, retry or RetryPolicy(), None, stop, dead_letter_sink=sink
+    )
     stats = loop.stats
 
     def outputs_for(record: ConsumerRecord) -> list[Out]:

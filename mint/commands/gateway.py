@@ -3,15 +3,14 @@ call it (gateway/README.md)."""
 
 from __future__ import annotations
 
-import functools
-import sys
-from collections.abc import Callable
 from contextlib import contextmanager
 
 import click
 from rich.console import Console
 from rich.table import Table
 
+from mint.commands.cassandra import catalog_session
+from mint.commands.errors import one_line_errors
 from schemas.settings import get_settings
 
 console = Console(stderr=True)
@@ -19,24 +18,81 @@ out = Console()
 
 
 @click.command("gateway")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
-@click.option("--instance-id", default=None,
-              help="Prefix of this instance's request ids (default: host, pid and a random "
-                   "suffix). Unique per running instance.")  # fmt: skip
-@click.option("--timeout", "answer_timeout_s", type=float, default=60.0, show_default=True,
-              help="Seconds to wait for the engines' answer before a 503.")  # fmt: skip
-@click.option("--rate", "rate_per_s", type=float, default=20.0, show_default=True,
-              help="Requests per second per tenant and instance, unless the tenant sets its own "
-                   "(`mint tenants create --rate`).")  # fmt: skip
-@click.option("--burst", type=int, default=40, show_default=True,
-              help="Token bucket size per tenant and instance (same rule as --rate).")  # fmt: skip
-@click.option("--key-ttl", "key_ttl_s", type=float, default=5.0, show_default=True,
-              help="Seconds a key's catalog row is cached: a revoked key stops working within "
-                   "this on every instance.")  # fmt: skip
-@click.option("--max-tokens", type=int, default=4096, show_default=True,
-              help="Largest max_tokens a request may ask for.")  # fmt: skip
-@click.option("--max-body-bytes", type=int, default=256 * 1024, show_default=True)
+@click.option("--host", default="127.0.0.1", help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000)
+@click.option(
+    "--instance-id",
+    default=None,
+    help="Prefix of this instance's request ids (default: host, pid and a random "
+    "suffix). Unique per running instance.",
+)
+@click.option(
+    "--timeout",
+    "answer_timeout_s",
+    type=float,
+    default=60.0,
+    help="Seconds to wait for the engines' answer before a 503.",
+)
+@click.option(
+    "--rate",
+    "rate_per_s",
+    type=float,
+    default=20.0,
+    help="Requests per second per tenant and instance, unless the tenant sets its own "
+    "(`mint tenants create --rate`).",
+)
+@click.option(
+    "--burst",
+    type=int,
+    default=40,
+    help="Token bucket size per tenant and instance (same rule as --rate).",
+)
+@click.option(
+    "--key-ttl",
+    "key_ttl_s",
+    type=float,
+    default=5.0,
+    help="Seconds a key's catalog row is cached: a revoked key stops working within "
+    "this on every instance.",
+)
+@click.option(
+    "--key-failures-burst",
+    type=int,
+    default=10,
+    help="Failed key checks (catalog read + scrypt) per key id before 429s.",
+)
+@click.option(
+    "--key-failures-per-s",
+    type=float,
+    default=0.2,
+    help="Then this many per key id per second.",
+)
+@click.option(
+    "--client-failures-burst",
+    type=int,
+    default=20,
+    help="Failed key checks per client address before 429s.",
+)
+@click.option(
+    "--client-failures-per-s",
+    type=float,
+    default=1.0,
+    help="Then this many per client address per second.",
+)
+@click.option(
+    "--key-check-threads",
+    type=int,
+    default=2,
+    help="Threads that run scrypt (none of the catalog's).",
+)
+@click.option(
+    "--max-tokens",
+    type=int,
+    default=4096,
+    help="Largest max_tokens a request may ask for.",
+)
+@click.option("--max-body-bytes", type=int, default=256 * 1024)
+@one_line_errors
 def gateway(host: str, port: int, instance_id: str | None, **limits) -> None:
     """Serve the OpenAI API (chat and completions, streamed or not) over the engines.
 
@@ -54,19 +110,12 @@ def gateway(host: str, port: int, instance_id: str | None, **limits) -> None:
     from schemas.envelope import validation_message
 
     try:
-        config = GatewayConfig(host=host, port=port, **limits,
-                               **({"instance_id": instance_id} if instance_id else {}))  # fmt: skip
+        config = GatewayConfig(
+            host=host, port=port, **limits, **({"instance_id": instance_id} if instance_id else {})
+        )
     except ValidationError as e:
         raise click.UsageError(validation_message(e, "bad gateway option")) from None
-    from catalog.cluster import CassandraUnavailable
-    from streams.clients import KafkaUnavailable
-    from streams.exceptions import TopicError
-
-    try:
-        serve(get_settings(), config)
-    except (CassandraUnavailable, KafkaUnavailable, TopicError) as e:
-        console.print(f"[red]error:[/red] {e}")
-        sys.exit(1)
+    serve(get_settings(), config)
 
 
 # ---------------------------------------------------------------------- tenants and keys
@@ -75,29 +124,10 @@ def gateway(host: str, port: int, instance_id: str | None, **limits) -> None:
 @contextmanager
 def _access():
     from catalog.access import AccessRepository
-    from catalog.cluster import connect
 
     settings = get_settings()
-    cluster, session = connect(settings)
-    try:
+    with catalog_session(settings) as session:
         yield AccessRepository(session, settings.keyspace)
-    finally:
-        cluster.shutdown()
-
-
-def _clean_errors(fn: Callable) -> Callable:
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        from catalog.cluster import CassandraUnavailable
-        from catalog.exceptions import CatalogError
-
-        try:
-            return fn(*args, **kwargs)
-        except (CatalogError, CassandraUnavailable) as e:
-            console.print(f"[red]error:[/red] {e}")
-            sys.exit(1)
-
-    return wrapper
 
 
 def _when(at) -> str:
@@ -108,48 +138,58 @@ def _when(at) -> str:
 def tenants() -> None:
     """Tenants that may call the gateway, and their request rates (catalog: tenant_access).
 
-    Writes the catalog: with credentials on, run it as `admin`.
+    Writes the catalog: with credentials on, run it as `operator` or `admin`.
     """
 
 
 @tenants.command("create")
 @click.argument("tenant")
-@click.option("--rate", "rate_per_s", type=float, default=None,
-              help="Requests per second per gateway instance (default: the gateway's --rate).")  # fmt: skip
+@click.option(
+    "--rate",
+    "rate_per_s",
+    type=float,
+    default=None,
+    help="Requests per second per gateway instance (default: the gateway's --rate).",
+)
 @click.option("--burst", type=int, default=None, help="Token bucket size (default: --burst).")
-@_clean_errors
+@one_line_errors
 def tenants_create(tenant: str, rate_per_s: float | None, burst: int | None) -> None:
     """Create TENANT (idempotent; an existing tenant's rate changes with `set-rate`)."""
     with _access() as repo:
         got = repo.create_tenant(tenant, rate_per_s=rate_per_s, burst=burst, by="cli")
     what = "created" if got.is_new else "exists"
-    console.print(f"tenant {got.tenant} {what} (rate {got.rate_per_s or 'default'}/s, burst "
-                  f"{got.burst or 'default'})")  # fmt: skip
+    console.print(
+        f"tenant {got.tenant} {what} (rate {got.rate_per_s or 'default'}/s, burst "
+        f"{got.burst or 'default'}); a Kafka principal that reads only its answers: "
+        f"`mint security tenant {got.tenant} --dir <secrets>`"
+    )
 
 
 @tenants.command("set-rate")
 @click.argument("tenant")
 @click.option("--rate", "rate_per_s", type=float, default=None, help="unset: the default")
 @click.option("--burst", type=int, default=None, help="unset: the default")
-@_clean_errors
+@one_line_errors
 def tenants_set_rate(tenant: str, rate_per_s: float | None, burst: int | None) -> None:
     """Set TENANT's request rate (gateways see it within their catalog cache time)."""
     with _access() as repo:
         got = repo.set_limits(tenant, rate_per_s, burst)
-    console.print(f"tenant {got.tenant}: rate {got.rate_per_s or 'default'}/s, burst "
-                  f"{got.burst or 'default'}")  # fmt: skip
+    console.print(
+        f"tenant {got.tenant}: rate {got.rate_per_s or 'default'}/s, burst {got.burst or 'default'}"
+    )
 
 
 @tenants.command("list")
-@_clean_errors
+@one_line_errors
 def tenants_list() -> None:
     """Every tenant with its rate."""
     with _access() as repo:
         rows = repo.list_tenants()
     table = Table("tenant", "rate/s", "burst", "created")
     for t in rows:
-        table.add_row(t.tenant, str(t.rate_per_s or "default"), str(t.burst or "default"),
-                      _when(t.created_at))  # fmt: skip
+        table.add_row(
+            t.tenant, str(t.rate_per_s or "default"), str(t.burst or "default"), _when(t.created_at)
+        )
     out.print(table)
 
 
@@ -158,26 +198,27 @@ def keys() -> None:
     """API keys of the gateway: `mint_<key id>_<secret>`, shown once; the catalog keeps a
     salted scrypt hash. A revoked key stops working within the gateways' --key-ttl.
 
-    Writes the catalog: with credentials on, run it as `admin`.
+    Writes the catalog: with credentials on, run it as `operator` or `admin`.
     """
 
 
 @keys.command("create")
 @click.option("--tenant", required=True)
-@click.option("--name", default="", help="What the key is for, e.g. ci.")
-@_clean_errors
+@click.option("--name", default="", show_default=False, help="What the key is for, e.g. ci.")
+@one_line_errors
 def keys_create(tenant: str, name: str) -> None:
     """Make a key for TENANT and print it once (stdout), e.g. KEY=$(mint keys create …)."""
     with _access() as repo:
         key, stored = repo.create_key(tenant, name=name, by="cli")
-    console.print(f"key {stored.key_id} of tenant {stored.tenant} created; it is shown once, "
-                  "store it now:")  # fmt: skip
+    console.print(
+        f"key {stored.key_id} of tenant {stored.tenant} created; it is shown once, store it now:"
+    )
     click.echo(key.text)
 
 
 @keys.command("list")
 @click.option("--tenant", required=True)
-@_clean_errors
+@one_line_errors
 def keys_list(tenant: str) -> None:
     """TENANT's keys (ids and names; secrets are never stored)."""
     with _access() as repo:
@@ -191,7 +232,7 @@ def keys_list(tenant: str) -> None:
 @keys.command("revoke")
 @click.argument("key_id")
 @click.option("--tenant", default=None, help="Refuse unless the key is this tenant's.")
-@_clean_errors
+@one_line_errors
 def keys_revoke(key_id: str, tenant: str | None) -> None:
     """Revoke KEY_ID (the 12 hex digits after `mint_`)."""
     with _access() as repo:

@@ -7,7 +7,6 @@ workers running (`mint worker controller`, …). Reads come from the catalog (Ca
 
 from __future__ import annotations
 
-import functools
 import re
 import sys
 from collections.abc import Callable
@@ -16,6 +15,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from mint.commands.errors import one_line_errors
 from schemas.settings import get_settings
 
 console = Console(stderr=True)
@@ -31,29 +31,38 @@ def _split(policy_id: str) -> tuple[str, str]:
     return tenant, policy.partition("@")[0]
 
 
-def _errors(fn: Callable) -> Callable:
-    """Catalog, broker and wait errors as one red line (exit 1), not a traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        from catalog.cluster import CassandraUnavailable
-        from catalog.exceptions import CatalogError
-        from mint.sdk import MintError
-        from streams.exceptions import StreamsError
-
-        try:
-            return fn(*args, **kwargs)
-        except (CatalogError, CassandraUnavailable, MintError, StreamsError) as e:
-            console.print(f"[red]error:[/red] {e}")
-            sys.exit(1)
-
-    return wrapper
-
-
-def _client(tenant: str, timeout_s: float = 60.0):
+def _client(tenant: str, timeout_s: float = 60.0, producer: str = "cli"):
     from mint.sdk import MintClient
 
-    return MintClient(get_settings(), tenant, producer="cli", timeout_s=timeout_s)
+    return MintClient(get_settings(), tenant, producer=producer, timeout_s=timeout_s)
+
+
+def move_alias(
+    tenant: str, policy: str, alias: str, call: Callable, *, timeout_s: float, by: str = "cli"
+):
+    """Publish a serving command (``call(client)``: the SDK's promote or rollback) and wait for
+    the controller's answer: the ``alias.moved`` it returns, or an error that says whether
+    anything was sent. The one path of every operator alias command (`mint promote|rollback`,
+    `mint catalog promote|rollback`): the controller is the only writer of aliases, so the
+    catalog never moves without its ``alias.moved`` in the log."""
+    from mint.sdk import MintError
+    from mint.sdk.exceptions import WaitTimeout
+    from streams.exceptions import KafkaUnavailable, PublishError
+
+    where = f"{tenant}/{policy}@{alias}"
+    try:
+        with _client(tenant, timeout_s, producer=by) as c:
+            return call(c)
+    except KafkaUnavailable as e:
+        raise MintError(f"{e}; nothing was sent, {where} did not move") from None
+    except PublishError as e:
+        raise MintError(f"{e}; check `mint history {where}` before sending it again") from None
+    except WaitTimeout as e:
+        raise MintError(
+            f"{e} The command stays on serving.commands: the controller moves "
+            f"{where} when it runs (`mint worker controller`); check `mint history "
+            f"{where}` before sending it again"
+        ) from None
 
 
 def parse_gate(items: tuple[str, ...]) -> dict[str, dict[str, float]]:
@@ -62,8 +71,9 @@ def parse_gate(items: tuple[str, ...]) -> dict[str, dict[str, float]]:
     for item in items:
         m = GATE_RE.match(item.strip())
         if not m:
-            raise click.BadParameter(f"--gate {item!r} is not METRIC>=VALUE or METRIC<=VALUE "
-                                     "(e.g. --gate reward>=0.6)")  # fmt: skip
+            raise click.BadParameter(
+                f"--gate {item!r} is not METRIC>=VALUE or METRIC<=VALUE (e.g. --gate reward>=0.6)"
+            )
         name, op, value = m.groups()
         gate.setdefault(name, {})["min" if op == ">=" else "max"] = float(value)
     return gate
@@ -87,7 +97,7 @@ def policies() -> None:
 
 @policies.command("list")
 @click.argument("tenant")
-@_errors
+@one_line_errors
 def policies_list(tenant: str) -> None:
     """The tenant's policies with their aliases and latest revision."""
     with _client(tenant) as c:
@@ -95,8 +105,13 @@ def policies_list(tenant: str) -> None:
         for p in c.policies():
             aliases = ", ".join(f"{a.alias}→{a.revision}" for a in c.aliases(p.policy)) or "-"
             latest = c.latest_revision(p.policy)
-            table.add_row(p.name, p.base_model[-40:], str(latest or "-"), aliases,
-                          f"{p.created_at:%Y-%m-%d %H:%M:%S}")  # fmt: skip
+            table.add_row(
+                p.name,
+                p.base_model[-40:],
+                str(latest or "-"),
+                aliases,
+                f"{p.created_at:%Y-%m-%d %H:%M:%S}",
+            )
     out.print(table)
 
 
@@ -105,15 +120,14 @@ def policies_list(tenant: str) -> None:
 @click.option("--base-model", required=True, help="Base model path or id the policy trains on.")
 @click.option("--suite", required=True, help="Evaluation suite (see workers/evaluator/suites.py).")
 @click.option("--gate", multiple=True, help="Threshold METRIC>=X or METRIC<=X (repeatable).")
-@click.option(
-    "--promote-to", default="prod", show_default=True, help="Alias a passing revision moves to."
-)
+@click.option("--promote-to", default="prod", help="Alias a passing revision moves to.")
 @click.option("--no-auto-promote", is_flag=True, help="Evaluate, but let people promote.")
 @click.option("--rollback-metric", default=None, help="Metric watched on the serving revision.")
-@click.option("--tolerance", default=0.0, show_default=True, help="Allowed drop before rollback.")
-@_errors
-def policies_configure(policy_id, base_model, suite, gate, promote_to, no_auto_promote,
-                       rollback_metric, tolerance) -> None:  # fmt: skip
+@click.option("--tolerance", default=0.0, help="Allowed drop before rollback.")
+@one_line_errors
+def policies_configure(
+    policy_id, base_model, suite, gate, promote_to, no_auto_promote, rollback_metric, tolerance
+) -> None:
     """Publish a policy's lifecycle configuration (policy.configured, compacted topic).
 
     \b
@@ -123,12 +137,20 @@ def policies_configure(policy_id, base_model, suite, gate, promote_to, no_auto_p
     """
     tenant, policy = _split(policy_id)
     with _client(tenant) as c:
-        env = c.create_policy(policy, base_model=base_model, suite=suite,
-                              thresholds=parse_gate(gate), promote_to=promote_to,
-                              auto_promote=not no_auto_promote, rollback_metric=rollback_metric,
-                              rollback_tolerance=tolerance)  # fmt: skip
-    console.print(f"configured {policy_id}: suite {suite}, gate {dict(parse_gate(gate)) or 'none'}"
-                  f" → {promote_to} (event {env.event_id})")  # fmt: skip
+        env = c.create_policy(
+            policy,
+            base_model=base_model,
+            suite=suite,
+            thresholds=parse_gate(gate),
+            promote_to=promote_to,
+            auto_promote=not no_auto_promote,
+            rollback_metric=rollback_metric,
+            rollback_tolerance=tolerance,
+        )
+    console.print(
+        f"configured {policy_id}: suite {suite}, gate {dict(parse_gate(gate)) or 'none'}"
+        f" → {promote_to} (event {env.event_id})"
+    )
 
 
 # ---------------------------------------------------------------------- revisions, history
@@ -136,8 +158,8 @@ def policies_configure(policy_id, base_model, suite, gate, promote_to, no_auto_p
 
 @click.command("revisions")
 @click.argument("policy_id")
-@click.option("--limit", default=20, show_default=True)
-@_errors
+@click.option("--limit", default=20)
+@one_line_errors
 def revisions(policy_id: str, limit: int) -> None:
     """A policy's revisions, newest first, with the aliases that point at them."""
     tenant, policy = _split(policy_id)
@@ -147,17 +169,22 @@ def revisions(policy_id: str, limit: int) -> None:
             by_rev.setdefault(a.revision, []).append(a.alias)
         table = Table("rev", "digest", "parent", "aliases", "created", "by")
         for r in c.revisions(policy)[:limit]:
-            table.add_row(str(r.revision), r.digest[:19] + "…", str(r.parent_revision or "-"),
-                          ", ".join(by_rev.get(r.revision, [])) or "",
-                          f"{r.created_at:%Y-%m-%d %H:%M:%S}", r.created_by)  # fmt: skip
+            table.add_row(
+                str(r.revision),
+                r.digest[:19] + "…",
+                str(r.parent_revision or "-"),
+                ", ".join(by_rev.get(r.revision, [])) or "",
+                f"{r.created_at:%Y-%m-%d %H:%M:%S}",
+                r.created_by,
+            )
     out.print(table)
 
 
 @click.command("history")
 @click.argument("reference")
 @click.option("--alias", default=None, help="Alias (default: the @alias of REFERENCE, or prod).")
-@click.option("--limit", default=20, show_default=True)
-@_errors
+@click.option("--limit", default=20)
+@one_line_errors
 def history(reference: str, alias: str | None, limit: int) -> None:
     """An alias's moves (catalog history rows), newest first: who moved it, when and why.
 
@@ -166,12 +193,23 @@ def history(reference: str, alias: str | None, limit: int) -> None:
     alias = alias or (reference.partition("@")[2] or "prod")
     with _client(tenant) as c:
         moves = c.history(policy, alias, limit=limit)
-    table = Table("seq", "from", "to", "kind", "when", "who", "why",
-                  title=f"{tenant}/{policy}@{alias}")  # fmt: skip
+    out.print(history_table(moves, title=f"{tenant}/{policy}@{alias}"))
+
+
+def history_table(moves, title: str | None = None) -> Table:
+    """An alias's moves as a table, one row a move (for `mint history` and `mint catalog history`)."""
+    table = Table("seq", "from", "to", "kind", "when", "who", "why", title=title)
     for m in moves:
-        table.add_row(str(m.seq), str(m.from_revision or "-"), str(m.to_revision or "-"), m.kind,
-                      f"{m.moved_at:%Y-%m-%d %H:%M:%S}", m.moved_by, m.reason)  # fmt: skip
-    out.print(table)
+        table.add_row(
+            str(m.seq),
+            str(m.from_revision or "-"),
+            str(m.to_revision or "-"),
+            m.kind,
+            f"{m.moved_at:%Y-%m-%d %H:%M:%S}",
+            m.moved_by,
+            m.reason,
+        )
+    return table
 
 
 # ---------------------------------------------------------------------- promote, rollback, infer
@@ -179,11 +217,11 @@ def history(reference: str, alias: str | None, limit: int) -> None:
 
 @click.command("promote")
 @click.argument("reference")
-@click.option("--alias", default="prod", show_default=True)
+@click.option("--alias", default="prod")
 @click.option("--expected", type=int, default=None, help="Move only if the alias is here now.")
-@click.option("--reason", default="", help="Recorded in the alias history.")
-@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for the move.")
-@_errors
+@click.option("--reason", default="", show_default=False, help="Recorded in the alias history.")
+@click.option("--timeout", default=60.0, help="Seconds to wait for the move.")
+@one_line_errors
 def promote(reference: str, alias: str, expected: int | None, reason: str, timeout: float) -> None:
     """Move an alias to a revision: `mint promote acme/math-rl@7`.
 
@@ -194,40 +232,57 @@ def promote(reference: str, alias: str, expected: int | None, reason: str, timeo
     rev = reference.partition("@")[2]
     if not rev.isdigit():
         raise click.BadParameter(f"{reference!r} names no revision (tenant/policy@N)")
-    with _client(tenant, timeout) as c:
-        moved = c.promote(policy, int(rev), alias=alias, expected_revision=expected, reason=reason)
+    moved = move_alias(
+        tenant,
+        policy,
+        alias,
+        lambda c: c.promote(
+            policy, int(rev), alias=alias, expected_revision=expected, reason=reason
+        ),
+        timeout_s=timeout,
+    )
     p = moved.payload
     console.print(f"{tenant}/{policy}@{alias}: {p.from_revision or '-'} → {p.to_revision}")
 
 
 @click.command("rollback")
 @click.argument("policy_id")
-@click.option("--alias", default="prod", show_default=True)
+@click.option("--alias", default="prod")
 @click.option("--to", "to_revision", type=int, default=None, help="Default: the previous target.")
-@click.option("--reason", default="", help="Recorded in the alias history.")
-@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for the move.")
-@_errors
-def rollback(policy_id: str, alias: str, to_revision: int | None, reason: str,
-             timeout: float) -> None:  # fmt: skip
+@click.option("--reason", default="", show_default=False, help="Recorded in the alias history.")
+@click.option("--timeout", default=60.0, help="Seconds to wait for the move.")
+@one_line_errors
+def rollback(
+    policy_id: str, alias: str, to_revision: int | None, reason: str, timeout: float
+) -> None:
     """Move an alias back (to where it pointed before its latest move, or --to N).
 
     Two rollbacks in a row return to where they started (like `kubectl rollout undo`)."""
     tenant, policy = _split(policy_id)
-    with _client(tenant, timeout) as c:
-        moved = c.rollback(policy, alias=alias, to_revision=to_revision, reason=reason)
+    moved = move_alias(
+        tenant,
+        policy,
+        alias,
+        lambda c: c.rollback(policy, alias=alias, to_revision=to_revision, reason=reason),
+        timeout_s=timeout,
+    )
     p = moved.payload
-    console.print(f"{tenant}/{policy}@{alias}: {p.from_revision or '-'} → {p.to_revision} "
-                  "(rollback)")  # fmt: skip
+    console.print(
+        f"{tenant}/{policy}@{alias}: {p.from_revision or '-'} → {p.to_revision} (rollback)"
+    )
 
 
 @click.command("infer")
 @click.argument("reference")
 @click.argument("prompt")
-@click.option("--max-tokens", default=16, show_default=True)
-@click.option("--chat", is_flag=True,
-              help="Send PROMPT as a user turn of the model's chat template (instruct models).")  # fmt: skip
-@click.option("--timeout", default=120.0, show_default=True)
-@_errors
+@click.option("--max-tokens", default=16)
+@click.option(
+    "--chat",
+    is_flag=True,
+    help="Send PROMPT as a user turn of the model's chat template (instruct models).",
+)
+@click.option("--timeout", default=120.0)
+@one_line_errors
 def infer(reference: str, prompt: str, max_tokens: int, chat: bool, timeout: float) -> None:
     """Answer PROMPT with tenant/policy@alias or @N (needs a serving worker).
 
@@ -247,17 +302,32 @@ def infer(reference: str, prompt: str, max_tokens: int, chat: bool, timeout: flo
 
 
 @click.command("demo")
-@click.option("--tiny", is_flag=True,
-              help="A random-weight tiny Llama and a toy reward instead of the real model: the "
-              "same lifecycle in about 3 minutes, nothing learned that a person can read.")  # fmt: skip
-@click.option("--rounds", default=8, show_default=True, help="Most GRPO rounds before giving up.")
-@click.option("--gate", type=float, default=None,
-              help="Held-out score a revision needs [default: 0.83 real (the base scores 0.633), 0.8 --tiny].")  # fmt: skip
-@click.option("--json", "as_json", is_flag=True,
-              help="Print the figures as one JSON line last on stdout (baseline_eval, "
-              "promoted_eval, served answers, seconds, peak RSS).")  # fmt: skip
-@click.option("--keep-services/--stop-services", default=True, show_default=True,
-              help="Leave Kafka and Cassandra running afterwards.")  # fmt: skip
+@click.option(
+    "--tiny",
+    is_flag=True,
+    help="A random-weight tiny Llama and a toy reward instead of the real model: the "
+    "same lifecycle in about 3 minutes, nothing learned that a person can read.",
+)
+@click.option("--rounds", default=8, help="Most GRPO rounds before giving up.")
+@click.option(
+    "--gate",
+    type=float,
+    default=None,
+    help="Held-out score a revision needs [default: 0.83 real (the base scores 0.633), 0.8 --tiny].",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the figures as one JSON line last on stdout (baseline_eval, "
+    "promoted_eval, served answers, seconds, peak RSS).",
+)
+@click.option(
+    "--keep-services/--stop-services",
+    default=True,
+    help="Leave Kafka and Cassandra running afterwards.",
+)
+@one_line_errors
 def demo(tiny: bool, rounds: int, gate: float | None, as_json: bool, keep_services: bool) -> None:
     """Run the end-to-end demo on a real model (about 6 minutes on a 2-core CPU).
 
@@ -272,8 +342,17 @@ def demo(tiny: bool, rounds: int, gate: float | None, as_json: bool, keep_servic
     """
     from mint.demo import run_demo
 
-    sys.exit(run_demo(get_settings(), console, keep_services=keep_services, rounds=rounds,
-                      gate=gate, tiny=tiny, as_json=as_json))  # fmt: skip
+    sys.exit(
+        run_demo(
+            get_settings(),
+            console,
+            keep_services=keep_services,
+            rounds=rounds,
+            gate=gate,
+            tiny=tiny,
+            as_json=as_json,
+        )
+    )
 
 
 COMMANDS: list[click.Command] = [policies, revisions, history, promote, rollback, infer, demo]

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import functools
 import json
-import sys
-import threading
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 
 import click
@@ -15,28 +11,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from rich.table import Table
 
+from mint.commands.errors import one_line_errors
 from schemas.settings import MintSettings, get_settings
 
 console = Console(stderr=True)
 out = Console(highlight=False, soft_wrap=True)
-
-
-def _fail_on_stream_errors(fn: Callable) -> Callable:
-    """Print streams/Kafka errors as one clear line and exit 1 instead of a traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        from kafka.errors import KafkaError
-
-        from streams import KafkaUnavailable, StreamsError
-
-        try:
-            return fn(*args, **kwargs)
-        except (StreamsError, KafkaUnavailable, KafkaError) as e:
-            console.print(f"[red]error:[/red] {e}")
-            sys.exit(1)
-
-    return wrapper
 
 
 def _broker_topic(settings: MintSettings, name: str) -> str:
@@ -75,9 +54,19 @@ def _parse_time(value: str | None) -> datetime | None:
 @click.option("--processor", help="re-drive this processor (module:factory) in a fresh group")
 @click.option("--group", help="consumer group for --processor (default: a fresh replay.* group)")
 @click.option("--dry-run", is_flag=True, help="print what would happen, change nothing")
-@_fail_on_stream_errors  # fmt: skip
-def replay(topic, from_time, to_time, from_offset, to_offset, partitions, to_topic, processor,
-           group, dry_run) -> None:  # fmt: skip
+@one_line_errors
+def replay(
+    topic,
+    from_time,
+    to_time,
+    from_offset,
+    to_offset,
+    partitions,
+    to_topic,
+    processor,
+    group,
+    dry_run,
+) -> None:
     """Replay TOPIC (registry name like export.events, or a broker name) between two times or
     offsets: re-publish into --to-topic, or re-drive --processor through a fresh consumer group.
 
@@ -93,9 +82,14 @@ def replay(topic, from_time, to_time, from_offset, to_offset, partitions, to_top
     settings = get_settings()
     source = _broker_topic(settings, topic)
     window = resolve_window(
-        settings, source, from_time=_parse_time(from_time), to_time=_parse_time(to_time),
-        from_offset=from_offset, to_offset=to_offset, partitions=list(partitions) or None,
-    )  # fmt: skip
+        settings,
+        source,
+        from_time=_parse_time(from_time),
+        to_time=_parse_time(to_time),
+        from_offset=from_offset,
+        to_offset=to_offset,
+        partitions=list(partitions) or None,
+    )
     table = Table("partition", "from offset", "to offset (excl.)", "records", title=source)
     for p, start, end in window.rows():
         table.add_row(str(p), str(start), str(end), str(max(0, end - start)))
@@ -110,8 +104,14 @@ def replay(topic, from_time, to_time, from_offset, to_offset, partitions, to_top
         out.print(f"dry run: would {action}")
         return
     out.print(f"{action} …")
-    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=True) as bar:  # fmt: skip
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
         task = bar.add_task("replaying", total=window.total)
 
         def advance(n: int) -> None:
@@ -122,8 +122,10 @@ def replay(topic, from_time, to_time, from_offset, to_offset, partitions, to_top
             out.print(f"re-published {sent} records into {target}")
         else:
             _, stats = redrive(settings, window, processor, group, advance)
-            out.print(f"re-drove {stats.records} records: {stats.handled} handled, "
-                      f"{stats.dead_lettered} dead-lettered {stats.reasons or ''}")  # fmt: skip
+            out.print(
+                f"re-drove {stats.records} records: {stats.handled} handled, "
+                f"{stats.dead_lettered} dead-lettered {stats.reasons or ''}"
+            )
 
 
 def format_record(record) -> str:
@@ -139,8 +141,9 @@ def format_record(record) -> str:
     dlq = ""
     if headers.get("mint.dlq.reason", b"") != b"":
         reason = headers["mint.dlq.reason"].decode()
-        origin = b"/".join(headers.get(f"mint.dlq.{k}", b"?") for k in ("topic", "partition",
-                                                                       "offset")).decode()  # fmt: skip
+        origin = b"/".join(
+            headers.get(f"mint.dlq.{k}", b"?") for k in ("topic", "partition", "offset")
+        ).decode()
         dlq = f" [red]DLQ {escape(reason)}[/red] from {escape(origin)}:"
     try:
         env = decode_event(record.value)
@@ -151,8 +154,10 @@ def format_record(record) -> str:
     summary = " ".join(f"{k}={json.dumps(v)}" for k, v in fields.items())
     if len(summary) > 160:
         summary = summary[:157] + "…"
-    return (f"{when} {where} {escape(key)}{dlq} [bold]{env.type}[/bold] v{env.schema_version} "
-            f"{str(env.event_id)[:8]} {escape(summary)}")  # fmt: skip
+    return (
+        f"{when} {where} {escape(key)}{dlq} [bold]{env.type}[/bold] v{env.schema_version} "
+        f"{str(env.event_id)[:8]} {escape(summary)}"
+    )
 
 
 @click.command("tail")
@@ -160,32 +165,23 @@ def format_record(record) -> str:
 @click.option("--from-beginning", is_flag=True, help="start at the oldest record, not the end")
 @click.option("--limit", type=click.IntRange(min=1), help="stop after this many records")
 @click.option("--timeout", "timeout_s", type=float, help="stop after this many idle seconds")
-@_fail_on_stream_errors
+@one_line_errors
 def tail(topic: str, from_beginning: bool, limit: int | None, timeout_s: float | None) -> None:
     """Print TOPIC's events live, one readable line each (Ctrl-C stops)."""
-    from kafka import TopicPartition
-
-    from streams import TopicError, make_consumer
+    from streams import Follower, TopicError
 
     settings = get_settings()
     name = _broker_topic(settings, topic)
-    consumer = make_consumer(settings, group_id=None, isolation_level="read_committed")
-    stop = threading.Event()
+    follower = Follower(settings, client_id="mint-tail")
     try:
-        parts = consumer.partitions_for_topic(name)
-        if not parts:
+        tps = follower.partitions(name)
+        if not tps:
             raise TopicError(f"topic {name!r} does not exist (see `mint topics`)")
-        tps = [TopicPartition(name, p) for p in sorted(parts)]
-        consumer.assign(tps)
-        (consumer.seek_to_beginning if from_beginning else consumer.seek_to_end)(*tps)
-        for tp in tps:
-            consumer.position(tp)  # resolve the start now, before anything new arrives
+        follower.assign(tps, "beginning" if from_beginning else "end")
         console.print(f"tailing {name} ({len(tps)} partitions) — Ctrl-C to stop")
         seen, idle_since = 0, time.monotonic()
-        while not stop.is_set():
-            batches = consumer.poll(timeout_ms=300)
-            records = sorted((r for rs in batches.values() for r in rs),
-                             key=lambda r: (r.timestamp, r.partition, r.offset))  # fmt: skip
+        for batch in follower.follow(timeout_ms=300):
+            records = sorted(batch, key=lambda r: (r.timestamp, r.partition, r.offset))
             if records:
                 idle_since = time.monotonic()
             for record in records:
@@ -198,12 +194,12 @@ def tail(topic: str, from_beginning: bool, limit: int | None, timeout_s: float |
     except KeyboardInterrupt:
         pass
     finally:
-        consumer.close()
+        follower.close()
 
 
 @click.command("topics")
 @click.option("--create", is_flag=True, help="create missing registry topics (idempotent)")
-@_fail_on_stream_errors
+@one_line_errors
 def topics(create: bool) -> None:
     """List the topic registry (with MINT_TOPIC_PREFIX) and whether each topic exists."""
     from streams import TOPICS, ensure_topics, make_admin
@@ -211,8 +207,10 @@ def topics(create: bool) -> None:
     settings = get_settings()
     if create:
         created = ensure_topics(settings)
-        console.print(f"created {len(created)} topics" + (f": {', '.join(created)}" if created
-                                                          else " (all existed)"))  # fmt: skip
+        console.print(
+            f"created {len(created)} topics"
+            + (f": {', '.join(created)}" if created else " (all existed)")
+        )
     admin = make_admin(settings)
     try:
         existing = set(admin.list_topics())
@@ -221,8 +219,12 @@ def topics(create: bool) -> None:
     table = Table("topic", "exists", "cleanup", "what")
     for spec in TOPICS.values():
         name = settings.topic(spec.name)
-        table.add_row(name, "yes" if name in existing else "[red]no[/red]",
-                      "compact" if spec.compacted else "delete", spec.description)  # fmt: skip
+        table.add_row(
+            name,
+            "yes" if name in existing else "[red]no[/red]",
+            "compact" if spec.compacted else "delete",
+            spec.description,
+        )
     out.print(table)
 
 

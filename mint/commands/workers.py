@@ -11,15 +11,37 @@ def worker() -> None:
 
 
 @worker.command("projector")
-@click.option("--migrate/--no-migrate", "auto_migrate", default=False, show_default=True,
-              help="Apply pending catalog migrations before consuming.")  # fmt: skip
-@click.option("--parallel", default=16, show_default=True,
-              help="policies applied at once (each policy's events stay in order)")  # fmt: skip
+@click.option(
+    "--migrate/--no-migrate",
+    "auto_migrate",
+    default=False,
+    help="Apply pending catalog migrations before consuming.",
+)
+@click.option(
+    "--parallel",
+    default=16,
+    help="policies applied at once (each policy's events stay in order)",
+)
 def projector(auto_migrate: bool, parallel: int) -> None:
     """Apply export and alias-moved events to the Cassandra catalog (group <prefix>-catalog-projector)."""
     from workers.projector import main
 
     main(auto_migrate=auto_migrate, parallel=parallel)
+
+
+@worker.command("router")
+@click.option(
+    "--parallel",
+    default=8,
+    help="policies copied at once (each policy's answers stay in order)",
+)
+def router(parallel: int) -> None:
+    """Copy each answer of infer.results to its tenant's topic
+    <prefix>.tenant.<tenant>.infer.results (group <prefix>-tenant-router), which only that
+    tenant's downstream principal may read (`mint security tenant`)."""
+    from workers.router import main
+
+    main(parallel=parallel)
 
 
 @worker.command("trainer")
@@ -30,25 +52,22 @@ def projector(auto_migrate: bool, parallel: int) -> None:
     "--backend",
     type=click.Choice(["torch", "deepspeed"]),
     default="torch",
-    show_default=True,
     help="Optimizer backend: plain torch AdamW or DeepSpeed ZeRO-2.",
 )
 @click.option(
     "--consumers",
     type=int,
     default=1,
-    show_default=True,
     help="Consumer threads sharing the one resident base (policies train while others wait).",
 )
 @click.option(
     "--ranks",
     type=click.IntRange(min=1),
     default=1,
-    show_default=True,
     help="Data-parallel ranks (DeepSpeed ZeRO-2; needs --backend deepspeed). Rank 0 starts "
     "ranks 1..N-1 on this machine, unless a launcher set RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT.",
 )
-def trainer(base_model: str | None, backend: str, consumers: int, ranks: int) -> None:  # fmt: skip
+def trainer(base_model: str | None, backend: str, consumers: int, ranks: int) -> None:
     """Train LoRA updates from update.requests; export, register and announce revisions."""
     if ranks > 1 and backend != "deepspeed":
         raise click.UsageError(
@@ -69,19 +88,18 @@ def _engine_options(fn):
             default=None,
             help="base model folder (MINT_BASE_MODEL)",
         ),
-        click.option("--engine-id", default="engine-0", show_default=True),
-        click.option("--max-loras", default=4, show_default=True, help="GPU slots"),
-        click.option("--max-cpu-loras", default=16, show_default=True, help="CPU cache"),
-        click.option("--max-disk-loras", default=1024, show_default=True, help="disk cache"),
-        click.option("--max-lora-rank", default=16, show_default=True),
-        click.option("--max-model-len", default=2048, show_default=True),
+        click.option("--engine-id", default="engine-0"),
+        click.option("--max-loras", default=4, help="GPU slots"),
+        click.option("--max-cpu-loras", default=16, help="CPU cache"),
+        click.option("--max-disk-loras", default=1024, help="disk cache"),
+        click.option("--max-lora-rank", default=16),
+        click.option("--max-model-len", default=2048),
         click.option(
             "--max-num-seqs",
             default=32,
-            show_default=True,
             help="sequences decoded together (a rollout of 16 prompts × 8 is 128)",
         ),
-        click.option("--dtype", default="auto", show_default=True),
+        click.option("--dtype", default="auto"),
         click.option("--cache-dir", type=click.Path(), default=None, help="local adapter cache"),
     ]
     for opt in reversed(opts):
@@ -89,8 +107,19 @@ def _engine_options(fn):
     return fn
 
 
-def _engine_config(settings, model, engine_id, max_loras, max_cpu_loras, max_disk_loras,
-                   max_lora_rank, max_model_len, max_num_seqs, dtype, cache_dir):  # fmt: skip
+def _engine_config(
+    settings,
+    model,
+    engine_id,
+    max_loras,
+    max_cpu_loras,
+    max_disk_loras,
+    max_lora_rank,
+    max_model_len,
+    max_num_seqs,
+    dtype,
+    cache_dir,
+):
     from pathlib import Path
 
     from workers.serving.engine import EngineConfig
@@ -98,10 +127,17 @@ def _engine_config(settings, model, engine_id, max_loras, max_cpu_loras, max_dis
     model = model or settings.base_model
     if not model:
         raise click.UsageError("give --model DIR or set MINT_BASE_MODEL to the base model folder")
-    config = EngineConfig(model=model, engine_id=engine_id, max_loras=max_loras,
-                          max_cpu_loras=max_cpu_loras, max_disk_loras=max_disk_loras,
-                          max_lora_rank=max_lora_rank, max_model_len=max_model_len,
-                          max_num_seqs=max_num_seqs, dtype=dtype)  # fmt: skip
+    config = EngineConfig(
+        model=model,
+        engine_id=engine_id,
+        max_loras=max_loras,
+        max_cpu_loras=max_cpu_loras,
+        max_disk_loras=max_disk_loras,
+        max_lora_rank=max_lora_rank,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        dtype=dtype,
+    )
     cache = Path(cache_dir) if cache_dir else settings.state_dir / "adapter-cache" / engine_id
     return config, cache
 
@@ -109,8 +145,11 @@ def _engine_config(settings, model, engine_id, max_loras, max_cpu_loras, max_dis
 @worker.command("serving")
 @_engine_options
 @click.option("--base-model-name", default=None, help="base model name in the catalog")
-@click.option("--fifo", is_flag=True,
-              help="run requests in arrival order instead of demand-ordered waves (a baseline)")  # fmt: skip
+@click.option(
+    "--fifo",
+    is_flag=True,
+    help="run requests in arrival order instead of demand-ordered waves (a baseline)",
+)
 def serving(base_model_name, fifo, **opts) -> None:
     """Serve inference requests (infer.requests → infer.results) with one vLLM engine.
 
@@ -159,8 +198,14 @@ def evaluator(with_serving: bool, with_rollout: bool, base_model_name, **opts) -
 
     settings = get_settings()
     config, cache = _engine_config(settings, **opts)
-    evaluator_main(settings, config, cache, with_serving=with_serving, with_rollout=with_rollout,
-                   base_model_name=base_model_name)  # fmt: skip
+    evaluator_main(
+        settings,
+        config,
+        cache,
+        with_serving=with_serving,
+        with_rollout=with_rollout,
+        base_model_name=base_model_name,
+    )
 
 
 @worker.command("controller")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import structlog
 
+from schemas.exceptions import MintError
 from schemas.settings import PROJECT_ROOT, MintSettings
 
 log = structlog.get_logger()
@@ -27,7 +28,7 @@ DEPLOY_LOCAL = PROJECT_ROOT / "deploy" / "local"
 VENDORED_JVM = PROJECT_ROOT.parent / "shared" / "vendor" / "jvm"
 
 
-class LauncherError(RuntimeError):
+class LauncherError(MintError, RuntimeError):
     """A local service could not be prepared, started or stopped; the message says what to do."""
 
 
@@ -51,13 +52,6 @@ class ServiceStatus:
     answering: bool
     pid: int | None
     rss_mb: float | None
-
-    @property
-    def summary(self) -> str:
-        state = "up" if self.answering else "down"
-        pid = f" pid {self.pid}" if self.pid else ""
-        rss = f" rss {self.rss_mb:.0f} MB" if self.rss_mb else ""
-        return f"{self.name:<10}{state:<6}{self.mode:<9}{self.address}{pid}{rss}"
 
 
 def services(settings: MintSettings) -> dict[str, Service]:
@@ -152,8 +146,15 @@ def _maven_fetch(name: str, dest: Path) -> Path:
             f"or install Maven so that `mvn -f {pom} dependency:copy-dependencies` can fetch them"
         )
     log.info("fetching jars with maven", service=name, dest=str(dest))
-    cmd = [mvn, "-q", "-f", str(pom), "dependency:copy-dependencies", "-DincludeScope=runtime",
-           f"-DoutputDirectory={dest}"]  # fmt: skip
+    cmd = [
+        mvn,
+        "-q",
+        "-f",
+        str(pom),
+        "dependency:copy-dependencies",
+        "-DincludeScope=runtime",
+        f"-DoutputDirectory={dest}",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         shutil.rmtree(dest, ignore_errors=True)
@@ -177,29 +178,57 @@ def _render(template: str, dest: Path, values: dict[str, str]) -> None:
 def _kafka_command(settings: MintSettings, svc: Service, java: str) -> list[str]:
     jars = resolve_jars("kafka", settings)
     props = svc.home / "server.properties"
-    values = {"STATE": str(svc.home), "KAFKA_PORT": str(svc.port),
-              "CONTROLLER_PORT": str(settings.kafka_controller_port)}  # fmt: skip
+    values = {
+        "STATE": str(svc.home),
+        "KAFKA_PORT": str(svc.port),
+        "CONTROLLER_PORT": str(settings.kafka_controller_port),
+    }
     scram: list[str] = []
     if settings.kafka_secure:
         from mint.dev.secure import ensure_secrets, scram_format_args
 
         values["ADMIN_PASSWORD"] = ensure_secrets(settings.state_dir)["kafka-admin"]
         scram = scram_format_args(settings.state_dir)
-    _render("server-secure.properties.in" if settings.kafka_secure else "server.properties.in",
-            props, values)  # fmt: skip
+    _render(
+        "server-secure.properties.in" if settings.kafka_secure else "server.properties.in",
+        props,
+        values,
+    )
     if settings.kafka_secure:
         os.chmod(props, 0o600)  # it holds the broker's own password
-    common = ["-cp", f"{jars}/*", f"-Dlog4j2.configurationFile={DEPLOY_LOCAL / 'log4j2.xml'}",
-              f"-Dkafka.logs.dir={svc.log_file.parent}"]  # fmt: skip
+    common = [
+        "-cp",
+        f"{jars}/*",
+        f"-Dlog4j2.configurationFile={DEPLOY_LOCAL / 'log4j2.xml'}",
+        f"-Dkafka.logs.dir={svc.log_file.parent}",
+    ]
     if not (svc.home / "kafka-data" / "meta.properties").exists():
-        cluster_id = subprocess.run(
-            [java, "-cp", f"{jars}/*", "kafka.tools.StorageTool", "random-uuid"],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip().splitlines()[-1]  # fmt: skip
+        cluster_id = (
+            subprocess.run(
+                [java, "-cp", f"{jars}/*", "kafka.tools.StorageTool", "random-uuid"],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            .stdout.strip()
+            .splitlines()[-1]
+        )
         fmt = subprocess.run(
-            [java, *common, "kafka.tools.StorageTool", "format", "--standalone", "-t", cluster_id, "-c", str(props), *scram],
-            capture_output=True, text=True,
-        )  # fmt: skip
+            [
+                java,
+                *common,
+                "kafka.tools.StorageTool",
+                "format",
+                "--standalone",
+                "-t",
+                cluster_id,
+                "-c",
+                str(props),
+                *scram,
+            ],
+            capture_output=True,
+            text=True,
+        )
         if fmt.returncode != 0:
             raise LauncherError(f"kafka storage format failed:\n{fmt.stdout}{fmt.stderr}")
     heap = f"{settings.kafka_heap_mb}m"
@@ -209,27 +238,42 @@ def _kafka_command(settings: MintSettings, svc: Service, java: str) -> list[str]
 def _cassandra_command(settings: MintSettings, svc: Service, java: str) -> list[str]:
     jars = resolve_jars("cassandra", settings)
     yaml_path = svc.home / "cassandra.yaml"
-    _render("cassandra.yaml.in", yaml_path, {
-        # The template's paths are @STATE@/cassandra/...; our service home already ends in cassandra.
-        "STATE": str(svc.home.parent), "CQL_PORT": str(svc.port),
-        "STORAGE_PORT": str(settings.cassandra_storage_port),
-    })  # fmt: skip
+    _render(
+        "cassandra.yaml.in",
+        yaml_path,
+        {
+            # The template's paths are @STATE@/cassandra/...; our service home already ends in cassandra.
+            "STATE": str(svc.home.parent),
+            "CQL_PORT": str(svc.port),
+            "STORAGE_PORT": str(settings.cassandra_storage_port),
+        },
+    )
     if settings.cassandra_username:  # the secure pair (mint.dev.secure): logins and permissions
         with yaml_path.open("a") as f:
-            f.write("\nauthenticator:\n  class_name: PasswordAuthenticator\n"
-                    "authorizer:\n  class_name: CassandraAuthorizer\n"
-                    "role_manager:\n  class_name: CassandraRoleManager\n")  # fmt: skip
+            f.write(
+                "\nauthenticator:\n  class_name: PasswordAuthenticator\n"
+                "authorizer:\n  class_name: CassandraAuthorizer\n"
+                "role_manager:\n  class_name: CassandraRoleManager\n"
+            )
     jvm_opts = (DEPLOY_LOCAL / "jvm17.options").read_text().split()
     jamm = sorted(jars.glob("jamm-*.jar"))
     heap = f"{settings.cassandra_heap_mb}m"
     return [
-        java, f"-Xms{heap}", f"-Xmx{heap}", "-XX:+UseG1GC", *jvm_opts,
+        java,
+        f"-Xms{heap}",
+        f"-Xmx{heap}",
+        "-XX:+UseG1GC",
+        *jvm_opts,
         *([f"-javaagent:{jamm[0]}"] if jamm else []),
-        f"-Dcassandra.config=file://{yaml_path}", "-Dcassandra-foreground=yes",
-        f"-Dcassandra.storagedir={svc.home}", f"-Dcassandra.logdir={svc.log_file.parent}",
+        f"-Dcassandra.config=file://{yaml_path}",
+        "-Dcassandra-foreground=yes",
+        f"-Dcassandra.storagedir={svc.home}",
+        f"-Dcassandra.logdir={svc.log_file.parent}",
         f"-Dlogback.configurationFile={DEPLOY_LOCAL / 'logback.xml'}",
-        "-cp", f"{jars}/*", "org.apache.cassandra.service.CassandraDaemon",
-    ]  # fmt: skip
+        "-cp",
+        f"{jars}/*",
+        "org.apache.cassandra.service.CassandraDaemon",
+    ]
 
 
 # ---------------------------------------------------------------- verbs
@@ -255,8 +299,13 @@ def up(settings: MintSettings, only: tuple[str, ...] = ("kafka", "cassandra")) -
         svc.log_file.parent.mkdir(parents=True, exist_ok=True)
         cmd = (_kafka_command if name == "kafka" else _cassandra_command)(settings, svc, java)
         with open(svc.home / f"{name}.out", "ab") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+            proc = subprocess.Popen(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         svc.pid_file.write_text(str(proc.pid))
         started[name] = proc
         log.info("service starting", service=name, pid=proc.pid, port=svc.port)
@@ -290,8 +339,10 @@ def _failure(svc: Service, what: str) -> str:
             tail = "\n".join(path.read_text(errors="replace").splitlines()[-15:])
             if tail:
                 break
-    return (f"{svc.name} {what} (port {svc.port}); read {svc.log_file} and "
-            f"{svc.home / (svc.name + '.out')}. Last lines:\n{tail}")  # fmt: skip
+    return (
+        f"{svc.name} {what} (port {svc.port}); read {svc.log_file} and "
+        f"{svc.home / (svc.name + '.out')}. Last lines:\n{tail}"
+    )
 
 
 def kill(settings: MintSettings, name: str, timeout_s: float = 30.0) -> int | None:
@@ -343,9 +394,14 @@ def status(settings: MintSettings) -> list[ServiceStatus]:
         host, port = addresses[name]
         external = _external(settings, name)
         pid = None if external else _read_pid(svc)
-        result.append(ServiceStatus(
-            name=name, mode="external" if external else "managed", address=f"{host}:{port}",
-            answering=port_open(host, port, timeout=2.0), pid=pid,
-            rss_mb=_rss_mb(pid) if pid else None,
-        ))  # fmt: skip
+        result.append(
+            ServiceStatus(
+                name=name,
+                mode="external" if external else "managed",
+                address=f"{host}:{port}",
+                answering=port_open(host, port, timeout=2.0),
+                pid=pid,
+                rss_mb=_rss_mb(pid) if pid else None,
+            )
+        )
     return result

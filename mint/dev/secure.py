@@ -6,7 +6,10 @@ reach processes only as files; ``secure/env/<principal>.env`` holds the settings
 that principal needs (``set -a; . .mint/secure/env/operator.env; set +a``).
 
 - Kafka: SASL/SCRAM-SHA-256, StandardAuthorizer, ACLs from streams.acls (one principal per
-  worker kind, ``upstream``, ``downstream``, ``operator``; ``admin`` is the super user).
+  worker kind, ``upstream``, ``downstream``, ``operator``; ``admin`` is the super user). A
+  tenant's own reader, ``downstream-<tenant>``, is added later by ``mint security tenant T
+  --dir .mint/secure/secrets`` (its login through the admin API, no reformat);
+  ``secure_settings(base, "downstream-<tenant>")`` then connects as it.
 - Cassandra: PasswordAuthenticator and CassandraAuthorizer; a role per service
   (catalog.roles); the default ``cassandra`` superuser gets a random password and cannot log in.
 """
@@ -30,12 +33,16 @@ def secure_settings(base: MintSettings, principal: str = "admin") -> MintSetting
     state = secure_state(base)
     secrets = state / "secrets"
     role = principal if principal in ROLES or principal == "admin" else ""
-    return base.model_copy(update={
-        "state_dir": state, "kafka_security_protocol": "SASL_PLAINTEXT",
-        "kafka_username": principal, "kafka_password_file": secrets / f"kafka-{principal}",
-        "cassandra_username": role,
-        "cassandra_password_file": secrets / f"cassandra-{role}" if role else None,
-    })  # fmt: skip
+    return base.model_copy(
+        update={
+            "state_dir": state,
+            "kafka_security_protocol": "SASL_PLAINTEXT",
+            "kafka_username": principal,
+            "kafka_password_file": secrets / f"kafka-{principal}",
+            "cassandra_username": role,
+            "cassandra_password_file": secrets / f"cassandra-{role}" if role else None,
+        }
+    )
 
 
 def ensure_secrets(state: Path) -> dict[str, str]:
@@ -58,9 +65,12 @@ def scram_format_args(state: Path) -> list[str]:
 def env_for(settings: MintSettings, principal: str) -> dict[str, str]:
     """MINT_* variables of a process running as ``principal``."""
     s = secure_settings(settings, principal)
-    env = {"MINT_STATE_DIR": str(s.state_dir), "MINT_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
-           "MINT_KAFKA_USERNAME": principal,
-           "MINT_KAFKA_PASSWORD_FILE": str(s.kafka_password_file)}  # fmt: skip
+    env = {
+        "MINT_STATE_DIR": str(s.state_dir),
+        "MINT_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+        "MINT_KAFKA_USERNAME": principal,
+        "MINT_KAFKA_PASSWORD_FILE": str(s.kafka_password_file),
+    }
     if s.cassandra_username:
         env["MINT_CASSANDRA_USERNAME"] = s.cassandra_username
         env["MINT_CASSANDRA_PASSWORD_FILE"] = str(s.cassandra_password_file)

@@ -1,7 +1,7 @@
 """The MinT SDK: a client whose verbs are events (create_policy, train, rollout, update,
 evaluate, promote, rollback, infer, history, wait_for) and Tinker-style verbs on top."""
 
-from mint.sdk.client import MintClient, Rollouts, Round, UpdateResult, rollouts_to_examples
+from mint.sdk.client import MintClient
 from mint.sdk.exceptions import CommandRefused, MintError, RequestFailed, WaitTimeout
 from mint.sdk.tinker import (
     AdamParams,
@@ -11,6 +11,7 @@ from mint.sdk.tinker import (
     ServiceClient,
     TrainingClient,
 )
+from mint.sdk.training import Rollouts, Round, UpdateResult, rollouts_to_examples
 from mint.sdk.watcher import Watcher, caused_by, correlated
 
 __all__ = [

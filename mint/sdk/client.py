@@ -17,28 +17,23 @@ Catalog reads (revisions, aliases, history) go to Cassandra directly.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any
 
 import structlog
 
-from catalog.claims import read_jsonl, write_jsonl
 from catalog.store import AdapterStore
 from mint.sdk.exceptions import CommandRefused, RequestFailed
+from mint.sdk.training import TrainingVerbs
 from mint.sdk.watcher import Predicate, Watcher, caused_by
 from schemas import Envelope, make_event
 from schemas.events import (
     AliasMoved,
-    EvalRequested,
     InferRequested,
-    LoraSpec,
     PolicyConfigured,
     PromoteCommand,
     RollbackCommand,
-    RolloutRequested,
     Threshold,
-    UpdateRequested,
 )
 from schemas.settings import MintSettings
 from streams.producer import EventProducer
@@ -47,49 +42,15 @@ from streams.topics import ensure_topics
 log = structlog.get_logger()
 
 
-@dataclass
-class Rollouts:
-    revision: int | None
-    mean_reward: float | None
-    rows: list[dict[str, Any]]
-    event: Envelope[Any]
-
-
-@dataclass
-class UpdateResult:
-    revision: int | None
-    loss: float | None
-    metrics: dict[str, float]
-    update: Envelope[Any]
-    export: Envelope[Any] | None = None
-
-
-@dataclass
-class Round:
-    round: int
-    sampled_revision: int | None
-    revision: int | None
-    mean_reward: float | None
-    loss: float | None
-    events: list[Envelope[Any]] = field(default_factory=list)
-
-
-def rollouts_to_examples(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rollout rows (the rollout worker's claim check) → the trainer's RL examples: one group
-    per prompt, the sampled token ids and their logprobs (for the importance ratio)."""
-    out = []
-    for r in rows:
-        if not r["token_ids"]:
-            continue  # an empty completion teaches nothing (and the trainer refuses it)
-        out.append({"prompt": r["prompt"], "prompt_ids": r["prompt_token_ids"],
-                    "completion_ids": r["token_ids"], "logprobs": r.get("logprobs") or None,
-                    "reward": r["reward"], "group": r["prompt_index"]})  # fmt: skip
-    return out
-
-
-class MintClient:
-    def __init__(self, settings: MintSettings, tenant: str, *, producer: str = "sdk",
-                 timeout_s: float = 300.0) -> None:  # fmt: skip
+class MintClient(TrainingVerbs):
+    def __init__(
+        self,
+        settings: MintSettings,
+        tenant: str,
+        *,
+        producer: str = "sdk",
+        timeout_s: float = 300.0,
+    ) -> None:
         self.settings, self.tenant, self.name, self.timeout_s = (
             settings,
             tenant,
@@ -107,21 +68,36 @@ class MintClient:
     # ------------------------------------------------------------------ plumbing
 
     def send(self, policy: str, payload: Any, caused_by_env: Envelope[Any] | None = None):
-        env = make_event(payload, tenant=self.tenant, policy=policy, producer=self.name,
-                         caused_by=caused_by_env)  # fmt: skip
+        env = make_event(
+            payload, tenant=self.tenant, policy=policy, producer=self.name, caused_by=caused_by_env
+        )
         self.producer.publish(env)
         return env
 
-    def wait_for(self, predicate: Predicate, *, timeout_s: float | None = None,
-                 what: str = "event", request: Envelope[Any] | None = None) -> Envelope[Any]:  # fmt: skip
+    def wait_for(
+        self,
+        predicate: Predicate,
+        *,
+        timeout_s: float | None = None,
+        what: str = "event",
+        request: Envelope[Any] | None = None,
+    ) -> Envelope[Any]:
         """The first event (seen since this client started) that matches ``predicate``; fails
         fast when ``request`` was dead-lettered."""
-        return self.watcher.wait_for(predicate, timeout_s or self.timeout_s, what,
-                                     request.event_id if request is not None else None)  # fmt: skip
+        return self.watcher.wait_for(
+            predicate,
+            timeout_s or self.timeout_s,
+            what,
+            request.event_id if request is not None else None,
+        )
 
     def wait_caused_by(self, cmd: Envelope[Any], *types: str, timeout_s: float | None = None):
-        return self.wait_for(caused_by(cmd.event_id, *types), timeout_s=timeout_s, request=cmd,
-                             what=f"{'/'.join(types) or 'answer'} to {cmd.type} {cmd.event_id}")  # fmt: skip
+        return self.wait_for(
+            caused_by(cmd.event_id, *types),
+            timeout_s=timeout_s,
+            request=cmd,
+            what=f"{'/'.join(types) or 'answer'} to {cmd.type} {cmd.event_id}",
+        )
 
     @property
     def catalog(self):
@@ -148,174 +124,157 @@ class MintClient:
     # ------------------------------------------------------------------ lifecycle verbs
 
     def create_policy(
-        self, policy: str, *, base_model: str, suite: str,
-        thresholds: dict[str, Threshold | dict] | None = None, promote_to: str = "prod",
-        auto_evaluate: bool = True, auto_promote: bool = True,
-        rollback_metric: str | None = None, rollback_tolerance: float = 0.0,
-    ) -> Envelope[Any]:  # fmt: skip
+        self,
+        policy: str,
+        *,
+        base_model: str,
+        suite: str,
+        thresholds: dict[str, Threshold | dict] | None = None,
+        promote_to: str = "prod",
+        auto_evaluate: bool = True,
+        auto_promote: bool = True,
+        rollback_metric: str | None = None,
+        rollback_tolerance: float = 0.0,
+    ) -> Envelope[Any]:
         """Configure a policy's lifecycle (the controller's gate and rollback rule). The policy's
         catalog row appears with its first revision."""
         self.base_models[policy] = base_model
         cfg = PolicyConfigured(
-            base_model=base_model, suite=suite,
+            base_model=base_model,
+            suite=suite,
             thresholds={k: Threshold.model_validate(v) for k, v in (thresholds or {}).items()},
-            promote_to=promote_to, auto_evaluate=auto_evaluate, auto_promote=auto_promote,
-            rollback_metric=rollback_metric, rollback_tolerance=rollback_tolerance,
+            promote_to=promote_to,
+            auto_evaluate=auto_evaluate,
+            auto_promote=auto_promote,
+            rollback_metric=rollback_metric,
+            rollback_tolerance=rollback_tolerance,
             requested_by=self.name,
-        )  # fmt: skip
+        )
         return self.send(policy, cfg)
 
     def _base(self, policy: str, base_model: str | None) -> str:
         model = base_model or self.base_models.get(policy) or self.settings.base_model
         if not model:
-            raise ValueError(f"no base_model for policy {policy!r}: pass base_model=… or call "
-                             "create_policy first")  # fmt: skip
+            raise ValueError(
+                f"no base_model for policy {policy!r}: pass base_model=… or call "
+                "create_policy first"
+            )
         return model
 
-    def rollout(
-        self, policy: str, prompts: list[str], *, revision: int | None = None, alias: str = "prod",
-        samples_per_prompt: int = 4, max_tokens: int = 8, temperature: float = 1.0,
-        reward: str = "length", seed: int | None = None, base_model: str | None = None,
-        chat: bool = False,
-    ) -> Rollouts:  # fmt: skip
-        """Sample completions from a revision (or the alias) and score them with ``reward``;
-        ``chat`` sends each prompt as a user turn of the model's chat template."""
-        cmd = self.send(policy, RolloutRequested(
-            base_model=self._base(policy, base_model), revision=revision, alias=alias,
-            prompts=prompts, samples_per_prompt=samples_per_prompt, max_tokens=max_tokens,
-            temperature=temperature, seed=seed, reward=reward, chat=chat,
-        ))  # fmt: skip
-        done = self.wait_caused_by(cmd, "rollout.completed")
-        rows = read_jsonl(self.store, done.payload.rollouts_uri, owner=(self.tenant, policy))
-        return Rollouts(done.payload.revision, done.payload.mean_reward, rows, done)
-
-    def update(
-        self, policy: str, examples: list[dict[str, Any]], *, objective: str = "rl",
-        parent_revision: int | None = None, steps: int = 1, batch_size: int | None = None,
-        learning_rate: float = 1e-2, export: bool = True, lora: LoraSpec | None = None,
-        seed: int | None = None, base_model: str | None = None,
-        caused_by_env: Envelope[Any] | None = None,
-    ) -> UpdateResult:  # fmt: skip
-        """Train ``steps`` steps on ``examples`` (claim-checked to the store) and, with
-        ``export``, wait for the new revision."""
-        name = uuid.uuid4().hex
-        uri = write_jsonl(self.store, self.tenant, policy, "data", name, examples)
-        cmd = self.send(policy, UpdateRequested(
-            base_model=self._base(policy, base_model), parent_revision=parent_revision,
-            objective=objective, data_uri=uri, steps=steps,
-            batch_size=batch_size or len(examples), learning_rate=learning_rate,
-            lora=lora or LoraSpec(), export=export, seed=seed,
-        ), caused_by_env)  # fmt: skip
-        done = self.wait_caused_by(cmd, "update.completed")
-        exported = self.wait_caused_by(cmd, "export.completed") if done.payload.exported else None
-        rev = exported.payload.revision if exported else None
-        return UpdateResult(rev, done.payload.loss, dict(done.payload.metrics), done, exported)
-
-    def init_policy(self, policy: str, *, lora: LoraSpec | None = None, seed: int = 0,
-                    base_model: str | None = None) -> UpdateResult:  # fmt: skip
-        """Revision 1: a fresh LoRA (B = 0, so it behaves as the base model) exported after one
-        negligible SFT step (lr 1e-12), so that rollouts have a revision to sample."""
-        return self.update(policy, [{"prompt": "init", "completion": "init"}], objective="sft",
-                           learning_rate=1e-12, lora=lora, seed=seed,
-                           base_model=base_model)  # fmt: skip
-
-    def train(
-        self, policy: str, prompts: list[str], *, rounds: int = 3, reward: str = "length",
-        samples_per_prompt: int = 4, max_tokens: int = 8, temperature: float = 1.0,
-        learning_rate: float = 1e-2, steps_per_round: int = 1, lora: LoraSpec | None = None,
-        start_revision: int | None = None, seed: int = 0, chat: bool = False,
-        on_round: Callable[[Round], None] | None = None,
-    ) -> list[Round]:  # fmt: skip
-        """The RL loop (GRPO): sample the latest revision, score, update, export; repeat.
-        Each round's new revision is exported (and, if configured, evaluated and promoted by the
-        controller)."""
-        latest = start_revision
-        if latest is None:
-            latest = self.latest_revision(policy)
-        if latest is None:
-            latest = self.init_policy(policy, lora=lora).revision
-        out = []
-        for i in range(1, rounds + 1):
-            ro = self.rollout(policy, prompts, revision=latest, reward=reward,
-                              samples_per_prompt=samples_per_prompt, max_tokens=max_tokens,
-                              temperature=temperature, seed=seed * 1000 + i,
-                              chat=chat)  # fmt: skip
-            examples = rollouts_to_examples(ro.rows)
-            up = self.update(policy, examples, objective="rl", parent_revision=latest,
-                             steps=steps_per_round, learning_rate=learning_rate,
-                             caused_by_env=ro.event)  # fmt: skip
-            r = Round(i, ro.revision, up.revision, ro.mean_reward, up.loss,
-                      [ro.event, up.update] + ([up.export] if up.export else []))  # fmt: skip
-            out.append(r)
-            if on_round:
-                on_round(r)
-            latest = up.revision or latest
-        return out
-
-    def evaluate(self, policy: str, revision: int, *, suite: str,
-                 thresholds: dict[str, Threshold | dict] | None = None,
-                 promote_to: str | None = None) -> Envelope[Any]:  # fmt: skip
-        """Evaluate a revision on a suite; returns the ``eval.completed`` event."""
-        rev = self.catalog.get_revision(self.tenant, policy, revision)
-        cmd = self.send(policy, EvalRequested(
-            revision=revision, adapter_digest=rev.digest, suite=suite, promote_to=promote_to,
-            thresholds={k: Threshold.model_validate(v) for k, v in (thresholds or {}).items()},
-        ))  # fmt: skip
-        return self.wait_caused_by(cmd, "eval.completed")
-
-    def promote(self, policy: str, revision: int, *, alias: str = "prod",
-                expected_revision: int | None = None, reason: str = "") -> Envelope[AliasMoved]:  # fmt: skip
+    def promote(
+        self,
+        policy: str,
+        revision: int,
+        *,
+        alias: str = "prod",
+        expected_revision: int | None = None,
+        reason: str = "",
+    ) -> Envelope[AliasMoved]:
         """Move ``alias`` to ``revision`` (through the controller, by compare-and-set)."""
-        cmd = self.send(policy, PromoteCommand(alias=alias, revision=revision,
-                                               expected_revision=expected_revision,
-                                               reason=reason, requested_by=self.name))  # fmt: skip
+        cmd = self.send(
+            policy,
+            PromoteCommand(
+                alias=alias,
+                revision=revision,
+                expected_revision=expected_revision,
+                reason=reason,
+                requested_by=self.name,
+            ),
+        )
         return self._moved_or_refused(cmd)
 
-    def rollback(self, policy: str, *, alias: str = "prod", to_revision: int | None = None,
-                 reason: str = "", expected_revision: int | None = None) -> Envelope[AliasMoved]:  # fmt: skip
+    def rollback(
+        self,
+        policy: str,
+        *,
+        alias: str = "prod",
+        to_revision: int | None = None,
+        reason: str = "",
+        expected_revision: int | None = None,
+    ) -> Envelope[AliasMoved]:
         """Move ``alias`` back to its previous revision (or ``to_revision``)."""
-        cmd = self.send(policy, RollbackCommand(alias=alias, to_revision=to_revision,
-                                                expected_revision=expected_revision,
-                                                reason=reason or "rollback",
-                                                requested_by=self.name))  # fmt: skip
+        cmd = self.send(
+            policy,
+            RollbackCommand(
+                alias=alias,
+                to_revision=to_revision,
+                expected_revision=expected_revision,
+                reason=reason or "rollback",
+                requested_by=self.name,
+            ),
+        )
         return self._moved_or_refused(cmd)
 
     def _moved_or_refused(self, cmd: Envelope[Any]) -> Envelope[AliasMoved]:
         answer = self.wait_caused_by(cmd, "alias.moved", "serving.refused")
         if answer.type == "serving.refused":
             p = answer.payload
-            raise CommandRefused(f"{cmd.type} of {cmd.policy_id}@{p.alias} refused: {p.reason}",
-                                 current_revision=p.current_revision)  # fmt: skip
+            raise CommandRefused(
+                f"{cmd.type} of {cmd.policy_id}@{p.alias} refused: {p.reason}",
+                current_revision=p.current_revision,
+            )
         return answer
 
-    def infer(self, policy: str, prompt: str, *, alias: str = "prod", revision: int | None = None,
-              max_tokens: int = 8, temperature: float = 0.0, request_id: str | None = None,
-              chat: bool = False):  # fmt: skip
+    def infer(
+        self,
+        policy: str,
+        prompt: str,
+        *,
+        alias: str = "prod",
+        revision: int | None = None,
+        max_tokens: int = 8,
+        temperature: float = 0.0,
+        request_id: str | None = None,
+        chat: bool = False,
+    ):
         """Answer a prompt with ``policy@alias`` (or a pinned revision): the infer.completed
         payload; raises RequestFailed on infer.failed. ``chat`` sends the prompt as a user turn
         of the model's chat template (instruct models)."""
         rid = request_id or uuid.uuid4().hex
-        cmd = self.send(policy, InferRequested(request_id=rid, alias=alias, revision=revision,
-                                               prompt=prompt, max_tokens=max_tokens,
-                                               temperature=temperature,
-                                               chat=chat))  # fmt: skip
-        got = self.wait_for(lambda e: e.type in ("infer.completed", "infer.failed")
-                            and e.policy_id == cmd.policy_id
-                            and e.payload.request_id == rid, what=f"result of request {rid}",
-                            request=cmd)  # fmt: skip
+        cmd = self.send(
+            policy,
+            InferRequested(
+                request_id=rid,
+                alias=alias,
+                revision=revision,
+                prompt=prompt,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                chat=chat,
+            ),
+        )
+        got = self.wait_for(
+            lambda e: (
+                e.type in ("infer.completed", "infer.failed")
+                and e.policy_id == cmd.policy_id
+                and e.payload.request_id == rid
+            ),
+            what=f"result of request {rid}",
+            request=cmd,
+        )
         if got.type == "infer.failed":
-            raise RequestFailed(f"request {rid} failed at {got.payload.stage}: "
-                                f"{got.payload.error}")  # fmt: skip
+            raise RequestFailed(f"request {rid} failed at {got.payload.stage}: {got.payload.error}")
         return got.payload
 
-    def wait_for_alias(self, policy: str, alias: str = "prod", revision: int | None = None,
-                       timeout_s: float | None = None) -> Envelope[AliasMoved]:  # fmt: skip
+    def wait_for_alias(
+        self,
+        policy: str,
+        alias: str = "prod",
+        revision: int | None = None,
+        timeout_s: float | None = None,
+    ) -> Envelope[AliasMoved]:
         """The next alias.moved of ``policy@alias`` (to ``revision``, if given)."""
         pid = f"{self.tenant}/{policy}"
-        return self.wait_for(lambda e: e.type == "alias.moved" and e.policy_id == pid
-                             and e.payload.alias == alias
-                             and (revision is None or e.payload.to_revision == revision),
-                             timeout_s=timeout_s, what=f"alias.moved of {pid}@{alias}")  # fmt: skip
+        return self.wait_for(
+            lambda e: (
+                e.type == "alias.moved"
+                and e.policy_id == pid
+                and e.payload.alias == alias
+                and (revision is None or e.payload.to_revision == revision)
+            ),
+            timeout_s=timeout_s,
+            what=f"alias.moved of {pid}@{alias}",
+        )
 
     # ------------------------------------------------------------------ catalog reads
 
@@ -345,5 +304,8 @@ class MintClient:
         """Events this client has seen (since it started), optionally of one policy/types."""
         types = set(types)
         pid = f"{self.tenant}/{policy}" if policy else None
-        return [e for e in self.watcher.events()
-                if (pid is None or e.policy_id == pid) and (not types or e.type in types)]  # fmt: skip
+        return [
+            e
+            for e in self.watcher.events()
+            if (pid is None or e.policy_id == pid) and (not types or e.type in types)
+        ]

@@ -1,10 +1,11 @@
-"""SDK errors: a base and categories that also inherit the stdlib exception they replace."""
+"""SDK errors: categories under ``MintError`` that also inherit the stdlib exception they
+replace. ``MintError`` is the root of every MinT error (defined in schemas/exceptions.py, the
+bottom layer), so ``except MintError`` also catches the catalog's and the streams' errors that
+a call passes on."""
 
 from __future__ import annotations
 
-
-class MintError(Exception):
-    """Base of every SDK error."""
+from schemas.exceptions import MintError
 
 
 class WaitTimeout(MintError, TimeoutError):

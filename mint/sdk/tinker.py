@@ -26,7 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from mint.sdk.client import MintClient, UpdateResult
+from mint.sdk.client import MintClient
+from mint.sdk.training import UpdateResult
 from schemas.events import LoraSpec
 
 
@@ -98,16 +99,36 @@ class SamplingClient:
     def __init__(self, client: MintClient, policy: str, revision: int) -> None:
         self.client, self.policy, self.revision = client, policy, revision
 
-    def sample(self, prompts: list[str] | str, num_samples: int = 1,
-               sampling_params: SamplingParams | None = None,
-               reward: str = "length") -> list[Sequence]:  # fmt: skip
+    def sample(
+        self,
+        prompts: list[str] | str,
+        num_samples: int = 1,
+        sampling_params: SamplingParams | None = None,
+        reward: str = "length",
+    ) -> list[Sequence]:
         sp = sampling_params or SamplingParams()
         prompts = [prompts] if isinstance(prompts, str) else prompts
-        ro = self.client.rollout(self.policy, prompts, revision=self.revision,
-                                 samples_per_prompt=num_samples, max_tokens=sp.max_tokens,
-                                 temperature=sp.temperature, seed=sp.seed, reward=reward)  # fmt: skip
-        return [Sequence(r["prompt"], r["prompt_index"], r["token_ids"], r["completion"],
-                         r.get("logprobs") or [], r.get("reward")) for r in ro.rows]  # fmt: skip
+        ro = self.client.rollout(
+            self.policy,
+            prompts,
+            revision=self.revision,
+            samples_per_prompt=num_samples,
+            max_tokens=sp.max_tokens,
+            temperature=sp.temperature,
+            seed=sp.seed,
+            reward=reward,
+        )
+        return [
+            Sequence(
+                r["prompt"],
+                r["prompt_index"],
+                r["token_ids"],
+                r["completion"],
+                r.get("logprobs") or [],
+                r.get("reward"),
+            )
+            for r in ro.rows
+        ]
 
 
 class TrainingClient:
@@ -139,9 +160,16 @@ class TrainingClient:
             return None
         rows, objective, lr, future = self._held
         self._held = None
-        res = self.client.update(self.policy, rows, objective=objective,
-                                 parent_revision=self.revision, learning_rate=lr, export=export,
-                                 lora=self.lora, base_model=self.base_model)  # fmt: skip
+        res = self.client.update(
+            self.policy,
+            rows,
+            objective=objective,
+            parent_revision=self.revision,
+            learning_rate=lr,
+            export=export,
+            lora=self.lora,
+            base_model=self.base_model,
+        )
         self.steps += 1
         future.set(ForwardBackwardOutput(res.loss, res.metrics, res.revision))
         return res
@@ -160,8 +188,9 @@ class ServiceClient:
     def __init__(self, client: MintClient) -> None:
         self.client = client
 
-    def create_lora_training_client(self, base_model: str, rank: int = 8, *, policy: str,
-                                    alpha: float | None = None) -> TrainingClient:  # fmt: skip
+    def create_lora_training_client(
+        self, base_model: str, rank: int = 8, *, policy: str, alpha: float | None = None
+    ) -> TrainingClient:
         self.client.base_models[policy] = base_model
         lora = LoraSpec(rank=rank, alpha=alpha or 2.0 * rank)
         return TrainingClient(self.client, policy, base_model, lora)

@@ -14,37 +14,36 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kafka import TopicPartition
-
 from mint.sdk.exceptions import RequestFailed, WaitTimeout
 from schemas import Envelope, decode_event
 from schemas.events import DeadLetter
 from schemas.exceptions import SchemaError
 from schemas.settings import MintSettings
-from streams.clients import make_consumer
+from streams.follower import Follower
 from streams.topics import DLQ, topic_for
 
-RESULT_TOPICS = ("rollout.results", "update.results", "export.events", "eval.requests",
-                 "eval.results", "serving.commands", "serving.events", "infer.results",
-                 "dlq")  # fmt: skip
+RESULT_TOPICS = (
+    "rollout.results",
+    "update.results",
+    "export.events",
+    "eval.requests",
+    "eval.results",
+    "serving.commands",
+    "serving.events",
+    "infer.results",
+    "dlq",
+)
 
 Predicate = Callable[[Envelope[Any]], bool]
 
 
 class Watcher:
-    def __init__(self, settings: MintSettings, topics: Iterable[str] = RESULT_TOPICS,
-                 keep: int = 50_000) -> None:  # fmt: skip
-        self._consumer = make_consumer(settings, group_id=None, client_id="mint-sdk",
-                                       isolation_level="read_committed")  # fmt: skip
-        tps = []
-        for name in topics:
-            topic = topic_for(settings, name)
-            parts = self._consumer.partitions_for_topic(topic) or set()
-            tps += [TopicPartition(topic, p) for p in sorted(parts)]
-        self._consumer.assign(tps)
-        self._consumer.seek_to_end(*tps)
-        for tp in tps:  # resolve the end offsets now, before anything is published
-            self._consumer.position(tp)
+    def __init__(
+        self, settings: MintSettings, topics: Iterable[str] = RESULT_TOPICS, keep: int = 50_000
+    ) -> None:
+        self._follower = Follower(settings, client_id="mint-sdk")
+        # At the end now, before anything is published: no answer can slip in between.
+        self._follower.assign(self._follower.partitions(*(topic_for(settings, n) for n in topics)))
         self._events: deque[Envelope[Any]] = deque(maxlen=keep)
         self._dlq = topic_for(settings, DLQ)
         self.dead: dict[str, DeadLetter] = {}  # event id -> why a worker gave up on it
@@ -54,22 +53,20 @@ class Watcher:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            batches = self._consumer.poll(timeout_ms=100)
+        for records in self._follower.follow(self._stop, timeout_ms=100):
             got = []
-            for records in batches.values():
-                for r in records:
-                    if r.topic == self._dlq:
-                        letter = DeadLetter.from_headers(r.headers or [])
-                        if letter.event_id:
-                            with self._cond:
-                                self.dead[letter.event_id] = letter
-                                self._cond.notify_all()
-                        continue
-                    try:
-                        got.append(decode_event(r.value))
-                    except SchemaError:
-                        continue  # not ours to judge: the workers dead-letter poison records
+            for r in records:
+                if r.topic == self._dlq:
+                    letter = DeadLetter.from_headers(r.headers or [])
+                    if letter.event_id:
+                        with self._cond:
+                            self.dead[letter.event_id] = letter
+                            self._cond.notify_all()
+                    continue
+                try:
+                    got.append(decode_event(r.value))
+                except SchemaError:
+                    continue  # not ours to judge: the workers dead-letter poison records
             if got:
                 with self._cond:
                     self._events.extend(got)
@@ -79,8 +76,9 @@ class Watcher:
         with self._cond:
             return list(self._events)
 
-    def wait_for(self, predicate: Predicate, timeout_s: float, what: str,
-                 request_id: uuid.UUID | None = None) -> Envelope[Any]:  # fmt: skip
+    def wait_for(
+        self, predicate: Predicate, timeout_s: float, what: str, request_id: uuid.UUID | None = None
+    ) -> Envelope[Any]:
         """The first kept event matching ``predicate``; raises RequestFailed at once when the
         request ``request_id`` was dead-lettered (the worker gave up on it)."""
         deadline = time.monotonic() + timeout_s
@@ -107,7 +105,7 @@ class Watcher:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-        self._consumer.close()
+        self._follower.close()
 
 
 def caused_by(event_id: uuid.UUID, *types: str) -> Predicate:

@@ -7,7 +7,11 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Reason = Literal["undecodable", "invalid", "unknown_type", "unknown_version", "handler_failed"]
+# "refused": the handler refused the record by rule (streams.exceptions.is_refusal), at once;
+# "handler_failed": an unknown error outlasted the retries.
+Reason = Literal[
+    "undecodable", "invalid", "unknown_type", "unknown_version", "refused", "handler_failed"
+]
 HEADER_PREFIX = "mint.dlq."
 
 

@@ -47,8 +47,9 @@ class EvalRequested(Command):
     adapter_digest: Digest
     suite: str = Field(min_length=1, max_length=128, description="evaluation suite name")
     thresholds: dict[MetricName, Threshold] = Field(default_factory=dict)
-    promote_to: str | None = Field(None, pattern=r"^[a-z][a-z0-9-]{0,31}$",
-                                   description="alias to promote to when passed")  # fmt: skip
+    promote_to: str | None = Field(
+        None, pattern=r"^[a-z][a-z0-9-]{0,31}$", description="alias to promote to when passed"
+    )
 
 
 class EvalCompleted(Payload):
@@ -64,9 +65,22 @@ class EvalCompleted(Payload):
     thresholds: dict[MetricName, Threshold] = Field(default_factory=dict)
     passed: bool
     failures: list[MetricName] = Field(default_factory=list)
+    refused: str | None = Field(
+        None,
+        max_length=2048,
+        description="why the evaluator did not run it (e.g. a suite not "
+        "configured for the policy); metrics are then empty and passed is false",
+    )
 
     @model_validator(mode="after")
     def _verdict_consistent(self) -> Self:
+        if self.refused is not None:
+            if self.metrics or self.passed or self.failures:
+                raise ValueError(
+                    "a refused evaluation has no metrics, passed=false and no "
+                    "failures; leave refused unset for one that ran"
+                )
+            return self
         expected = threshold_failures(self.metrics, self.thresholds)
         if sorted(self.failures) != expected or self.passed != (not expected):
             raise ValueError(

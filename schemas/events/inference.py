@@ -40,8 +40,19 @@ class InferRequested(Command):
     alias: AliasName = "prod"
     revision: int | None = Field(None, ge=1, description="pin a revision instead of the alias")
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
-    max_tokens: int = Field(64, ge=1, le=32768)
-    temperature: float = Field(0.0, ge=0.0, le=10.0)
+    max_tokens: int = Field(
+        64,
+        ge=1,
+        le=32768,
+        description="at most the engine's max_model_len (else infer.failed, stage validate); "
+        "clamped to the context the prompt leaves, as vLLM serve does",
+    )
+    # The bound of the released contract; engines run 0 to 2 (vLLM's range) and answer a higher
+    # temperature with infer.failed (stage validate, code invalid_value): a tighter schema bound
+    # would make such a request a dead letter that its caller never hears about.
+    temperature: float = Field(
+        0.0, ge=0.0, le=10.0, description="engines run 0 to 2; above: infer.failed, validate"
+    )
     seed: int | None = None
     # Added (optional, backward compatible): instruct models answer a user turn, not raw text.
     chat: bool = Field(False, description="render prompt as one user turn of the chat template")
@@ -116,10 +127,19 @@ class InferFailed(Payload):
 
     request_id: str = Field(pattern=REQUEST_ID_RE)
     ref: str = Field(max_length=512, description="what was asked, e.g. acme/math@prod")
-    stage: Literal["resolve", "load", "generate", "expired"] = Field(
-        description="where it failed (expired: its expires_at passed before it ran)"
+    stage: Literal["resolve", "validate", "load", "generate", "expired"] = Field(
+        description="where it failed (validate: the engine cannot run the request as sent, see "
+        "code; expired: its expires_at passed before it ran)"
     )
     error: str = Field(max_length=4096, description="what failed and what to do")
+    # Added (optional, backward compatible): the OpenAI error code of a refusal, so a front door
+    # can answer 400 with it.
+    code: str | None = Field(
+        None,
+        max_length=64,
+        description="with stage validate: context_length_exceeded (the prompt does not fit the "
+        "model's context) or invalid_value (a sampling value the engine cannot run)",
+    )
     revision: int | None = Field(None, ge=1, description="None: the reference did not resolve")
     adapter_digest: str | None = Field(None, pattern=r"^sha256:[0-9a-f]{64}$")
     engine_id: str = Field(max_length=128)

@@ -6,6 +6,8 @@ of every policy stays in the log forever and a restarted controller rebuilds its
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field
 
 from schemas.envelope import Command
@@ -31,7 +33,29 @@ class PolicyConfigured(Command):
         None, description="metric watched on the serving revision (None: no automatic rollback)"
     )
     rollback_tolerance: float = Field(
-        0.0, ge=0.0, description="roll back when the metric falls more than this below the "
+        0.0,
+        ge=0.0,
+        description="roll back when the metric falls more than this below the "
         "value it had when the revision was promoted",
-    )  # fmt: skip
+    )
     requested_by: str = Field("", max_length=256)
+
+
+def suite_refusal(policy_id: str, configured: dict[str, Any] | None, suite: str) -> str | None:
+    """Why an evaluation on ``suite`` may not decide anything for the policy, or None when it is
+    the configured suite. ``configured`` is the policy's latest ``policy.configured`` payload
+    (as JSON). One check for the evaluator (which refuses the request) and the controller (which
+    lets no such result gate, become a baseline or roll back)."""
+    if not configured:
+        return (
+            f"policy {policy_id} has no lifecycle configuration, so no suite is configured "
+            f"for it (asked for {suite!r}): configure it with `mint policies configure "
+            f"{policy_id} --suite …` and request the evaluation again"
+        )
+    if suite != configured["suite"]:
+        return (
+            f"suite {suite!r} is not the one configured for {policy_id} "
+            f"({configured['suite']!r}): request {configured['suite']!r}, or reconfigure "
+            "the policy's suite with `mint policies configure`"
+        )
+    return None

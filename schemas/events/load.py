@@ -28,29 +28,30 @@ class LoadRequested(Command):
     reason: str = Field("", max_length=256)
 
 
-class AdapterLoaded(Payload):
+class _TierChange(Payload):
+    """What a working-set change names: which engine, which revision, which tier."""
+
+    engine_id: str = Field(pattern=ENGINE_RE)
+    revision: int = Field(ge=1)
+    adapter_digest: Digest
+    tier: Tier = "gpu"
+
+
+class AdapterLoaded(_TierChange):
     """An engine holds the adapter now (in the given tier)."""
 
     event_type = "load.loaded"
     topic = "load.events"
 
-    engine_id: str = Field(pattern=ENGINE_RE)
-    revision: int = Field(ge=1)
-    adapter_digest: Digest
-    tier: Tier = "gpu"
     load_ms: float = Field(ge=0.0)
 
 
-class AdapterEvicted(Payload):
+class AdapterEvicted(_TierChange):
     """An engine dropped the adapter from a tier of its working set."""
 
     event_type = "load.evicted"
     topic = "load.events"
 
-    engine_id: str = Field(pattern=ENGINE_RE)
-    revision: int = Field(ge=1)
-    adapter_digest: Digest
-    tier: Tier = "gpu"
     reason: str = Field("", max_length=256)
 
 

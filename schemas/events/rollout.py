@@ -7,7 +7,7 @@ from typing import Self
 from pydantic import Field, model_validator
 
 from schemas.envelope import Command, Payload
-from schemas.names import AliasName, StoreUri
+from schemas.names import AliasName, RewardName, StoreUri
 
 
 class RolloutRequested(Command):
@@ -25,8 +25,11 @@ class RolloutRequested(Command):
     max_tokens: int = Field(128, ge=1, le=32768)
     temperature: float = Field(1.0, ge=0.0, le=10.0)
     seed: int | None = None
-    # Added (optional, backward compatible): a reward function from the rollout worker's registry.
-    reward: str = Field("length", pattern=r"^[a-z][a-z0-9_]{0,63}$", description="reward by name")
+    # Added (optional, backward compatible): a reward function from the rollout worker's registry,
+    # an installed ``mint.rewards`` entry point, or an operator-allowed ``module:function``.
+    reward: RewardName = Field(
+        "length", description="reward by name, or module:function (workers.plugins)"
+    )
     # Added (optional, backward compatible): instruct models answer a user turn, not raw text.
     chat: bool = Field(False, description="render prompts as one user turn of the chat template")
 

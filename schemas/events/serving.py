@@ -56,6 +56,12 @@ class AliasMoved(Payload):
     requested_by: str = Field(
         "", max_length=256, description="who asked for the move (the command's requested_by)"
     )
+    seq: int | None = Field(
+        None,
+        ge=1,
+        description="the alias's move counter in the catalog (its history seq): of "
+        "two moves of one alias the higher seq is the newer (None: written before seq existed)",
+    )
 
 
 class ServingRefused(Payload):

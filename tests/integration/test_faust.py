@@ -41,8 +41,9 @@ def test_faust_agent_and_table_consume_real_kafka_with_new_click(
         producer.publish_many([promote("acme", p, rev) for rev in range(1, 5) for p in policies])
         producer.send_raw(settings.topic("serving.commands"), b"{not json", b"acme/chat")
 
-    worker = start_worker("faust_counter.py", settings, "worker", "-l", "warn",
-                          MINT_STATE_DIR=str(tmp_path))  # fmt: skip
+    worker = start_worker(
+        "faust_counter.py", settings, "worker", "-l", "warn", MINT_STATE_DIR=str(tmp_path)
+    )
     try:
         wait_until(lambda: len(read_topic(settings, counts_topic)) >= 12, 60, "12 counts")
         letters = read_topic(settings, settings.topic("dlq"))

@@ -10,29 +10,72 @@ import pytest
 
 from benchmarks import report
 
-EVENTS = {"benchmark": "events_throughput", "smoke": False, "pipeline_eps": 5300,
-          "targets": {"pipeline_eps": 15000}, "met": {"pipeline_eps": False}}  # fmt: skip
-MULTI = {"benchmark": "multi_policy_training", "smoke": True, "wall_time_ratio": 2.7,
-         "peak_rss_ratio": 1.0, "targets": {"wall_time_ratio": 1.77, "peak_rss_ratio": 1.05},
-         "met": {"wall_time_ratio": True, "peak_rss_ratio": True}}  # fmt: skip
-CATALOG = {"benchmark": "catalog_scale", "smoke": False, "rows_per_s": 30147,
-           "resolve_alias": {"p50_ms": 0.5, "p99_ms": 2.38, "n": 10000},
-           "targets": {"rows_per_s": 20000, "resolve_alias_p99_ms": 2.0},
-           "meets_targets": {"rows_per_s": True, "resolve_alias_p99_ms": False}}  # fmt: skip
-CATALOG_NEW = {"benchmark": "catalog_scale", "smoke": False, "import_rows_per_s": 51000,
-               "resolve_catalog": {"p99_ms": 1.2}, "resolve_cached": {"p99_ms": 0.00412},
-               "targets": {"import_rows_per_s": 45000, "resolve_catalog_p99_ms": 1.5,
-                           "resolve_cached_p99_ms": 0.1},
-               "met": {"import_rows_per_s": True, "resolve_catalog_p99_ms": True,
-                       "resolve_cached_p99_ms": True}}  # fmt: skip
-FAULTS = {"benchmark": "fault_injection", "smoke": False, "lost": 0, "duplicate_revisions": 1,
-          "catalog_equals_replay": True,
-          "targets": {"lost": 0, "duplicate_revisions": 0, "catalog_equals_replay": True}}  # fmt: skip
-MOE = {"benchmark": "moe_packed_load", "smoke": True, "speedup_cold": 9.5, "speedup_warm": 8.1,
-       "target": 9.0, "met": False}  # fmt: skip
-RANKS = {"benchmark": "deepspeed_ranks", "smoke": True, "ranks": 2,
-         "ratio_per_rank": [0.52, 0.49], "target_ratio": 0.5, "max_weight_diff": 3e-7,
-         "weight_tolerance": 1e-5, "met": True}  # fmt: skip
+EVENTS = {
+    "benchmark": "events_throughput",
+    "smoke": False,
+    "pipeline_eps": 5300,
+    "targets": {"pipeline_eps": 15000},
+    "met": {"pipeline_eps": False},
+}
+MULTI = {
+    "benchmark": "multi_policy_training",
+    "smoke": True,
+    "wall_time_ratio": 2.7,
+    "peak_rss_ratio": 1.0,
+    "targets": {"wall_time_ratio": 1.77, "peak_rss_ratio": 1.05},
+    "met": {"wall_time_ratio": True, "peak_rss_ratio": True},
+}
+CATALOG = {
+    "benchmark": "catalog_scale",
+    "smoke": False,
+    "rows_per_s": 30147,
+    "resolve_alias": {"p50_ms": 0.5, "p99_ms": 2.38, "n": 10000},
+    "targets": {"rows_per_s": 20000, "resolve_alias_p99_ms": 2.0},
+    "meets_targets": {"rows_per_s": True, "resolve_alias_p99_ms": False},
+}
+CATALOG_NEW = {
+    "benchmark": "catalog_scale",
+    "smoke": False,
+    "import_rows_per_s": 51000,
+    "resolve_catalog": {"p99_ms": 1.2},
+    "resolve_cached": {"p99_ms": 0.00412},
+    "targets": {
+        "import_rows_per_s": 45000,
+        "resolve_catalog_p99_ms": 1.5,
+        "resolve_cached_p99_ms": 0.1,
+    },
+    "met": {
+        "import_rows_per_s": True,
+        "resolve_catalog_p99_ms": True,
+        "resolve_cached_p99_ms": True,
+    },
+}
+FAULTS = {
+    "benchmark": "fault_injection",
+    "smoke": False,
+    "lost": 0,
+    "duplicate_revisions": 1,
+    "catalog_equals_replay": True,
+    "targets": {"lost": 0, "duplicate_revisions": 0, "catalog_equals_replay": True},
+}
+MOE = {
+    "benchmark": "moe_packed_load",
+    "smoke": True,
+    "speedup_cold": 9.5,
+    "speedup_warm": 8.1,
+    "target": 9.0,
+    "met": False,
+}
+RANKS = {
+    "benchmark": "deepspeed_ranks",
+    "smoke": True,
+    "ranks": 2,
+    "ratio_per_rank": [0.52, 0.49],
+    "target_ratio": 0.5,
+    "max_weight_diff": 3e-7,
+    "weight_tolerance": 1e-5,
+    "met": True,
+}
 
 
 def table(rows: list[report.Row]) -> dict[tuple[str, str], list[str]]:
@@ -78,8 +121,11 @@ def test_scalar_shape_rows_carry_the_lines_one_met() -> None:
     assert t[("moe_packed_load (smoke)", "speedup_cold")][:3] == ["9", "9.5", "**missed**\\*"]
     assert t[("moe_packed_load (smoke)", "speedup_warm")][:3] == ["9", "8.1", "**missed**\\*"]
     assert t[("deepspeed_ranks (smoke)", "ratio_per_rank")][:3] == ["0.5", "0.52, 0.49", "met\\*"]
-    assert t[("deepspeed_ranks (smoke)", "max_weight_diff")][:3] == ["1.00e-05", "3.00e-07",
-                                                                      "met\\*"]  # fmt: skip
+    assert t[("deepspeed_ranks (smoke)", "max_weight_diff")][:3] == [
+        "1.00e-05",
+        "3.00e-07",
+        "met\\*",
+    ]
     text = report.markdown(report.rows_of(MOE), "canned")
     assert "one target and one `met` for all its figures" in text
     assert "not the full-run figures" in text  # smoke rows are labelled as such
@@ -131,3 +177,24 @@ def test_smoke_run_failure_is_a_failed_row(monkeypatch: pytest.MonkeyPatch) -> N
     (row,) = report.run_smoke("events_throughput", 5)
     assert row.smoke and row.error == "timed out after 5 s" and row.met is None
     assert "**failed**" in report.markdown([row], "smoke")
+
+
+def test_smoke_runs_only_the_benchmarks_not_their_shared_modules() -> None:
+    names = report.benchmark_names()
+    assert "poison_traffic" in names and "multi_engine" in names
+    assert not [n for n in names if n.startswith("_")]  # _poison*.py have no --smoke of their own
+    assert "report" not in names
+
+
+def test_a_line_judged_by_targets_and_met_reads_back_with_its_direction() -> None:
+    line = {
+        "benchmark": "multi_policy_training",
+        "wall_time_ratio": 1.8,
+        "peak_rss_ratio": 1.2,
+        **report.targets_and_met(
+            wall_time_ratio=(1.8, ">=", 1.77), peak_rss_ratio=(1.2, "<=", 1.05)
+        ),
+    }
+    rows = {r.figure: r for r in report.rows_of(line)}
+    assert (rows["wall_time_ratio"].met, report.direction(rows["wall_time_ratio"])) == (True, ">=")
+    assert (rows["peak_rss_ratio"].met, report.direction(rows["peak_rss_ratio"])) == (False, "<=")

@@ -9,7 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from catalog.importer import _DUPLICATE, ImportRow, _Checker, _validate, parse_row
+from catalog.import_checks import DUPLICATE as _DUPLICATE
+from catalog.import_checks import Checker as _Checker
+from catalog.import_checks import check_chunk as _validate
+from catalog.import_rows import ImportRow, parse_row
 from schemas.names import ALIAS_RE, POLICY_RE, TENANT_RE
 
 DIGEST = "sha256:" + "ab" * 32
@@ -31,8 +34,13 @@ def line(**changes) -> str:
 def test_a_good_row_with_and_without_the_optional_fields():
     row = parse_row(line())
     assert (row.tenant, row.policy, row.revision, row.created_at, row.rank, row.aliases) == (
-        "acme", "math-rl", 3, None, None, [],
-    )  # fmt: skip
+        "acme",
+        "math-rl",
+        3,
+        None,
+        None,
+        [],
+    )
     full = parse_row(line(created_at="2025-01-02T03:04:05Z", rank=8, aliases=["prod", "canary"]))
     assert full.created_at.year == 2025 and full.rank == 8 and full.aliases == ["prod", "canary"]
     assert parse_row(line(uri="file:///store/acme/math-rl/3")).uri.startswith("file:///")
@@ -110,8 +118,7 @@ def test_every_valid_name_revision_and_alias_is_accepted(parts):
     if policy in (".", ".."):
         return  # a path segment no URI may hold (in_namespace refuses it)
     uri = f"s3://adapters/{tenant}/{policy}/{revision}"
-    row = parse_row(line(tenant=tenant, policy=policy, revision=revision, uri=uri,
-                         aliases=aliases))  # fmt: skip
+    row = parse_row(line(tenant=tenant, policy=policy, revision=revision, uri=uri, aliases=aliases))
     assert (row.tenant, row.policy, row.revision, row.aliases) == parts
 
 
@@ -152,8 +159,14 @@ class EmptyCatalog:
 
 
 def rev(n: int, policy: str = "math-rl", **changes) -> dict:
-    return {**GOOD, "policy": policy, "revision": n, "digest": "sha256:" + f"{n:064x}",
-            "uri": f"s3://adapters/acme/{policy}/{n}", **changes}  # fmt: skip
+    return {
+        **GOOD,
+        "policy": policy,
+        "revision": n,
+        "digest": "sha256:" + f"{n:064x}",
+        "uri": f"s3://adapters/acme/{policy}/{n}",
+        **changes,
+    }
 
 
 def run(*rows: dict):
@@ -165,8 +178,10 @@ def test_rows_of_a_new_policy_become_its_rows():
     rows, rejects, accepted, dups = run(rev(1), rev(2, aliases=["prod"]), rev(1, policy="other"))
     assert (accepted, dups, rejects) == (3, 0, [])
     assert rows.tenants == [("acme", 1_700_000_000_000)]
-    assert [(p, b) for _, p, b, _ in rows.policies] == [("math-rl", GOOD["base_model"]),
-                                                       ("other", GOOD["base_model"])]  # fmt: skip
+    assert [(p, b) for _, p, b, _ in rows.policies] == [
+        ("math-rl", GOOD["base_model"]),
+        ("other", GOOD["base_model"]),
+    ]
     assert [(r[1], r[2]) for r in rows.revisions] == [("math-rl", 1), ("math-rl", 2), ("other", 1)]
     assert sorted(rows.latest) == [("acme", "math-rl", 2), ("acme", "other", 1)]
     assert [(a[2], a[3]) for a in rows.aliases] == [("prod", 2)]
@@ -206,8 +221,9 @@ def test_rows_without_created_at_get_the_import_time_and_metadata_keeps_the_rank
 
 
 def test_validation_rejects_and_context_rejects_come_back_in_line_order():
-    _, rejects, accepted, _ = run(rev(1), rev(1, digest="bad"), rev(1, uri="s3://x/y/z/1"),
-                                  rev(1, rank=3))  # fmt: skip
+    _, rejects, accepted, _ = run(
+        rev(1), rev(1, digest="bad"), rev(1, uri="s3://x/y/z/1"), rev(1, rank=3)
+    )
     assert accepted == 1 and [n for n, _, _ in rejects] == [2, 3, 4]
 
 

@@ -27,34 +27,66 @@ def ev(payload, caused_by=None, policy="math"):
 
 
 def export(rev: int):
-    return ev(ExportCompleted(revision=rev, adapter_digest=D[rev],
-                              store_uri=f"file:///s/acme/math/{rev}", size_bytes=1, rank=8,
-                              base_model="tiny", base_model_fingerprint=FP))  # fmt: skip
+    return ev(
+        ExportCompleted(
+            revision=rev,
+            adapter_digest=D[rev],
+            store_uri=f"file:///s/acme/math/{rev}",
+            size_bytes=1,
+            rank=8,
+            base_model="tiny",
+            base_model_fingerprint=FP,
+        )
+    )
 
 
 def completed(req, metrics: dict[str, float]):
     p = req.payload
     failures = threshold_failures(metrics, p.thresholds)
-    return ev(EvalCompleted(revision=p.revision, adapter_digest=p.adapter_digest, suite=p.suite,
-                            metrics=metrics, thresholds=p.thresholds, passed=not failures,
-                            failures=failures), caused_by=req)  # fmt: skip
+    return ev(
+        EvalCompleted(
+            revision=p.revision,
+            adapter_digest=p.adapter_digest,
+            suite=p.suite,
+            metrics=metrics,
+            thresholds=p.thresholds,
+            passed=not failures,
+            failures=failures,
+        ),
+        caused_by=req,
+    )
 
 
 def moved(cmd, frm: int | None):
     p = cmd.payload
     to = p.revision if isinstance(p, PromoteCommand) else p.to_revision
-    return ev(AliasMoved(alias=p.alias, from_revision=frm, to_revision=to, adapter_digest=D[to],
-                         store_uri=f"file:///s/acme/math/{to}",
-                         cause="promote" if isinstance(p, PromoteCommand) else "rollback"),
-              caused_by=cmd)  # fmt: skip
+    return ev(
+        AliasMoved(
+            alias=p.alias,
+            from_revision=frm,
+            to_revision=to,
+            adapter_digest=D[to],
+            store_uri=f"file:///s/acme/math/{to}",
+            cause="promote" if isinstance(p, PromoteCommand) else "rollback",
+        ),
+        caused_by=cmd,
+    )
 
 
 @pytest.fixture
 def ctl() -> Controller:
     c = Controller({}, {})
-    c.handle(ev(PolicyConfigured(base_model="tiny", suite="toy",
-                                 thresholds={"reward": Threshold(min=0.6)},
-                                 rollback_metric="reward", rollback_tolerance=0.05)))  # fmt: skip
+    c.handle(
+        ev(
+            PolicyConfigured(
+                base_model="tiny",
+                suite="toy",
+                thresholds={"reward": Threshold(min=0.6)},
+                rollback_metric="reward",
+                rollback_tolerance=0.05,
+            )
+        )
+    )
     return c
 
 
@@ -72,9 +104,10 @@ def test_unconfigured_policy_is_not_evaluated() -> None:
     assert Controller({}, {}).handle(export(1)) == []
 
 
-@pytest.mark.parametrize(("metrics", "promotes"), [({"reward": 0.7}, True),
-                                                   ({"reward": 0.5}, False),
-                                                   ({"other": 0.9}, False)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("metrics", "promotes"),
+    [({"reward": 0.7}, True), ({"reward": 0.5}, False), ({"other": 0.9}, False)],
+)
 def test_the_gate_promotes_only_a_passing_revision(ctl, metrics, promotes) -> None:
     (req,) = ctl.handle(export(1))
     ctl.handle(req)
@@ -83,7 +116,10 @@ def test_the_gate_promotes_only_a_passing_revision(ctl, metrics, promotes) -> No
         (cmd,) = out
         assert isinstance(cmd.payload, PromoteCommand)
         assert (cmd.payload.alias, cmd.payload.revision, cmd.payload.expected_revision) == (
-            "prod", 1, None)  # fmt: skip
+            "prod",
+            1,
+            None,
+        )
         assert "gate passed" in cmd.payload.reason
     else:
         assert out == []
@@ -182,8 +218,11 @@ def test_an_evaluation_read_before_the_echo_of_the_move_still_rolls_back(ctl) ->
 
 def test_a_forged_request_with_an_empty_gate_promotes_nothing(ctl) -> None:
     ctl.handle(export(1))  # requested by the controller with the configured gate (reward ≥ 0.6)
-    forged = ev(EvalRequested(revision=1, adapter_digest=D[1], suite="toy", thresholds={},
-                              promote_to="prod"))  # fmt: skip
+    forged = ev(
+        EvalRequested(
+            revision=1, adapter_digest=D[1], suite="toy", thresholds={}, promote_to="prod"
+        )
+    )
     ctl.handle(forged)
     done = completed(forged, {"reward": 0.1})
     assert done.payload.passed  # the evaluator's verdict on the request's (empty) thresholds

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from catalog.models import Resolved
+from catalog.refs import Ref
 from schemas import make_event
 from schemas.events import EvalRequested, Threshold
 from workers.evaluator import EvaluatorCore, UnknownSuite, result_id
@@ -37,16 +38,20 @@ class FakeResolver:
     def __init__(self, digest: str = DIGEST) -> None:
         self.digest = digest
 
-    def resolve(self, ref: str) -> Resolved:
+    def resolve(self, ref: Ref) -> Resolved:
+        ref = str(ref)  # the fake reads the rendered form
         tenant, rest = ref.split("/")
         policy, rev = rest.split("@")
         return Resolved(tenant, policy, int(rev), self.digest, "file:///s/acme/math/1")
 
 
 def request(thresholds=None, suite="toy-even"):
-    return make_event(EvalRequested(revision=1, adapter_digest=DIGEST, suite=suite,
-                                    thresholds=thresholds or {}),
-                      tenant="acme", policy="math", producer="test")  # fmt: skip
+    return make_event(
+        EvalRequested(revision=1, adapter_digest=DIGEST, suite=suite, thresholds=thresholds or {}),
+        tenant="acme",
+        policy="math",
+        producer="test",
+    )
 
 
 @pytest.mark.parametrize(("ids", "passed"), [([2, 4, 6, 8], True), ([1, 2, 3, 5], False)])
@@ -67,8 +72,9 @@ def test_refuses_an_unknown_suite_and_a_wrong_digest() -> None:
     core = EvaluatorCore(FakeEngine([2]), FakeSet(), FakeResolver(), engine_id="e0")
     with pytest.raises(UnknownSuite, match="'nope' is not registered; known: .*toy-even"):
         core.run(request(suite="nope"))
-    other = EvaluatorCore(FakeEngine([2]), FakeSet(), FakeResolver("sha256:" + "cd" * 32),
-                          engine_id="e0")  # fmt: skip
+    other = EvaluatorCore(
+        FakeEngine([2]), FakeSet(), FakeResolver("sha256:" + "cd" * 32), engine_id="e0"
+    )
     with pytest.raises(EvaluatorError, match="the catalog has sha256:cdcd"):
         other.run(request())
 

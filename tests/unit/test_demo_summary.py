@@ -8,14 +8,21 @@ from pathlib import Path
 import pytest
 
 from mint.demo import REAL, TINY, Answer, DemoResult, summary
-from mint.sdk.client import Round
+from mint.sdk.training import Round
 
 pytestmark = pytest.mark.unit
 
 
 def test_summary_has_the_figures_and_is_one_json_line() -> None:
-    res = DemoResult(ok=True, task=REAL, promoted=2, rolled_back_to=1, seconds=180.04,
-                     peak_rss_mb=4321.6, peak_rss_by_worker={"engine": 2500.2})  # fmt: skip
+    res = DemoResult(
+        ok=True,
+        task=REAL,
+        promoted=2,
+        rolled_back_to=1,
+        seconds=180.04,
+        peak_rss_mb=4321.6,
+        peak_rss_by_worker={"engine": 2500.2},
+    )
     res.evals = {1: {"reward": 19 / 30}, 2: {"reward": 26 / 30}}
     res.rounds = [Round(1, 1, 2, 0.07, -0.01)]
     q = REAL.show[0]

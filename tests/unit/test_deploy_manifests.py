@@ -286,13 +286,15 @@ def test_the_gateway_is_deployed_behind_a_service_on_its_port(compose, k8s) -> N
     assert argv[:2] == ["mint", "gateway"] and argv[argv.index("--host") + 1] == "0.0.0.0"
     port = int(argv[argv.index("--port") + 1])
     assert svc["ports"] == [f"{port}:{port}"] and "/healthz" in " ".join(svc["healthcheck"]["test"])
-    (deployment,) = [d for d in k8s if d["kind"] == "Deployment"
-                     and d["metadata"]["name"] == "mint-gateway"]  # fmt: skip
+    (deployment,) = [
+        d for d in k8s if d["kind"] == "Deployment" and d["metadata"]["name"] == "mint-gateway"
+    ]
     (c,) = deployment["spec"]["template"]["spec"]["containers"]
     assert c["command"] == argv and c["ports"] == [{"name": "http", "containerPort": port}]
     assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
-    (service,) = [d for d in k8s if d["kind"] == "Service"
-                  and d["metadata"]["name"] == "mint-gateway"]  # fmt: skip
+    (service,) = [
+        d for d in k8s if d["kind"] == "Service" and d["metadata"]["name"] == "mint-gateway"
+    ]
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"] == labels
     assert service["spec"]["ports"] == [{"name": "http", "port": port, "targetPort": "http"}]
@@ -710,9 +712,12 @@ def test_dashboard_queries_only_metrics_the_code_defines_and_charts_them_all() -
 
 def test_every_metric_is_documented() -> None:
     workers = _defined_metrics(gateway=False)
-    docs = {DEPLOY / "README.md": workers,
-            ROOT / "gateway" / "README.md": {k: v for k, v in _defined_metrics().items()
-                                             if k not in workers}}  # fmt: skip
+    docs = {
+        DEPLOY / "README.md": workers,
+        ROOT / "gateway" / "README.md": {
+            k: v for k, v in _defined_metrics().items() if k not in workers
+        },
+    }
     for path, metrics in docs.items():
         text = path.read_text()
         for family, (kind, _) in metrics.items():
@@ -734,8 +739,11 @@ def test_compose_scrapes_every_worker_on_its_metrics_port(compose, monkeypatch) 
         ports = {_metrics_port(argv, settings) for argv in _mint_commands(svc["command"])} - {None}
         if ports:
             (served[name],) = ports
-    workers = {n for n, s in _mint_services(compose).items()
-               if _deployed_workers(_mint_commands(s["command"]))}  # fmt: skip
+    workers = {
+        n
+        for n, s in _mint_services(compose).items()
+        if _deployed_workers(_mint_commands(s["command"]))
+    }
     assert workers and workers < set(served), "every worker serves metrics, and the gateway"
     assert set(served) == set(jobs), "a scrape job per service that serves metrics, no other"
     for name, port in served.items():

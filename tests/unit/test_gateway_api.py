@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from catalog.refs import Ref
 from gateway.api import ChatRequest, CompletionRequest, parse_json, validate
 from gateway.config import GatewayConfig
 from gateway.errors import BadRequest, ModelNotFound
 from gateway.ratelimit import RateLimiter, retry_after
-from gateway.refs import ModelRef, parse_model
+from gateway.refs import parse_model
 
 DIGEST = "sha256:" + "ab" * 32
 CONFIG = GatewayConfig(max_prompt_chars=100, max_tokens=64, max_choices=4, max_messages=3)
@@ -18,15 +19,15 @@ CONFIG = GatewayConfig(max_prompt_chars=100, max_tokens=64, max_choices=4, max_m
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("math@prod", ModelRef("acme", "math", alias="prod")),
-        ("acme/math@prod", ModelRef("acme", "math", alias="prod")),
-        ("math@3", ModelRef("acme", "math", revision=3)),
-        ("acme/math-rl.v2@canary", ModelRef("acme", "math-rl.v2", alias="canary")),
-        (f"math@{DIGEST}", ModelRef("acme", "math", digest=DIGEST)),
-        (f"acme/math@{DIGEST}", ModelRef("acme", "math", digest=DIGEST)),
+        ("math@prod", Ref("acme", "math", alias="prod")),
+        ("acme/math@prod", Ref("acme", "math", alias="prod")),
+        ("math@3", Ref("acme", "math", revision=3)),
+        ("acme/math-rl.v2@canary", Ref("acme", "math-rl.v2", alias="canary")),
+        (f"math@{DIGEST}", Ref("acme", "math", digest=DIGEST)),
+        (f"acme/math@{DIGEST}", Ref("acme", "math", digest=DIGEST)),
     ],
 )
-def test_model_forms(text: str, expected: ModelRef) -> None:
+def test_model_forms(text: str, expected: Ref) -> None:
     assert parse_model(text, "acme") == expected
 
 
@@ -65,19 +66,41 @@ def chat(**kw) -> dict:
 
 
 def test_a_valid_chat_and_completion() -> None:
-    req = validate(ChatRequest, chat(max_tokens=8, temperature=0, stop="\n", n=2, seed=1,
-                                     logprobs=True, top_logprobs=0, user="u",
-                                     stream_options={"include_usage": True}), CONFIG)  # fmt: skip
+    req = validate(
+        ChatRequest,
+        chat(
+            max_tokens=8,
+            temperature=0,
+            stop="\n",
+            n=2,
+            seed=1,
+            logprobs=True,
+            top_logprobs=0,
+            user="u",
+            stream_options={"include_usage": True},
+        ),
+        CONFIG,
+    )
     assert req.stops() == ["\n"] and req.limit(CONFIG) == 8 and req.logprobs
-    req = validate(ChatRequest, chat(max_completion_tokens=5,
-                                     messages=[{"role": "developer", "content": "be brief"},
-                                               {"role": "user", "content": [
-                                                   {"type": "text", "text": "a"},
-                                                   {"type": "text", "text": "b"}]}]), CONFIG)  # fmt: skip
+    req = validate(
+        ChatRequest,
+        chat(
+            max_completion_tokens=5,
+            messages=[
+                {"role": "developer", "content": "be brief"},
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                },
+            ],
+        ),
+        CONFIG,
+    )
     assert req.limit(CONFIG) == 5 and req.messages[1].text() == "ab"
     assert validate(ChatRequest, chat(), CONFIG).limit(CONFIG) == CONFIG.default_max_tokens
-    comp = validate(CompletionRequest, {"model": "m@1", "prompt": ["a", "b"], "n": 2,
-                                        "logprobs": 0}, CONFIG)  # fmt: skip
+    comp = validate(
+        CompletionRequest, {"model": "m@1", "prompt": ["a", "b"], "n": 2, "logprobs": 0}, CONFIG
+    )
     assert comp.prompts() == ["a", "b"] and comp.limit(CONFIG) == 16
 
 

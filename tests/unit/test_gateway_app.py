@@ -26,15 +26,18 @@ D2 = "sha256:" + "2" * 64
 class FakeCatalog:
     def __init__(self) -> None:
         self.keys: dict[str, ApiKey] = {}
-        self.tenants = {"acme": TenantAccess("acme", None, "", None, None),
-                        "slow": TenantAccess("slow", None, "", 1.0, 2)}  # fmt: skip
+        self.tenants = {
+            "acme": TenantAccess("acme", None, "", None, None),
+            "slow": TenantAccess("slow", None, "", 1.0, 2),
+        }
         self.policies = {("acme", "math"), ("globex", "math"), ("slow", "math")}
         self.digests = {("acme", "math", D2): 2}
 
     def add_key(self, tenant: str) -> str:
         key = new_key()
-        self.keys[key.key_id] = ApiKey(key.key_id, tenant, "", key.kdf, key.salt, key.hash,
-                                       datetime.now(UTC), "", None, None)  # fmt: skip
+        self.keys[key.key_id] = ApiKey(
+            key.key_id, tenant, "", key.kdf, key.salt, key.hash, datetime.now(UTC), "", None, None
+        )
         return key.text
 
     def key(self, key_id):
@@ -50,8 +53,11 @@ class FakeCatalog:
         return self.digests.get((tenant, policy, digest))
 
     def models(self, tenant):
-        return [ModelEntry(f"{p}@prod", datetime(2024, 1, 1, tzinfo=UTC))
-                for t, p in sorted(self.policies) if t == tenant]  # fmt: skip
+        return [
+            ModelEntry(f"{p}@prod", datetime(2024, 1, 1, tzinfo=UTC))
+            for t, p in sorted(self.policies)
+            if t == tenant
+        ]
 
 
 class FakeEngines:
@@ -76,47 +82,74 @@ class FakeEngines:
         for env in envs:
             p = env.payload
             if self.fail_stage:
-                payload = InferFailed(request_id=p.request_id, ref="x", stage=self.fail_stage,
-                                      error="PolicyNotFound: acme/x does not exist",
-                                      engine_id="e0")  # fmt: skip
+                payload = InferFailed(
+                    request_id=p.request_id,
+                    ref="x",
+                    stage=self.fail_stage,
+                    error="PolicyNotFound: acme/x does not exist",
+                    engine_id="e0",
+                )
             else:
                 revision, digest = (p.revision, D2) if p.revision else (1, D1)
                 payload = InferCompleted(
-                    request_id=p.request_id, revision=revision, adapter_digest=digest,
-                    engine_id="e0", text=f"re:{p.prompt}", finish_reason="stop", prompt_tokens=3,
-                    completion_tokens=2, latency_ms=1.0, token_ids=[5, 6],
+                    request_id=p.request_id,
+                    revision=revision,
+                    adapter_digest=digest,
+                    engine_id="e0",
+                    text=f"re:{p.prompt}",
+                    finish_reason="stop",
+                    prompt_tokens=3,
+                    completion_tokens=2,
+                    latency_ms=1.0,
+                    token_ids=[5, 6],
                     alias=None if p.revision else p.alias,
                     logprobs=[-0.5, -0.25] if p.logprobs else None,
-                )  # fmt: skip
-            out.append(make_event(payload, tenant=env.tenant, policy=env.policy,
-                                  producer="serving/e0", caused_by=env))  # fmt: skip
+                )
+            out.append(
+                make_event(
+                    payload,
+                    tenant=env.tenant,
+                    policy=env.policy,
+                    producer="serving/e0",
+                    caused_by=env,
+                )
+            )
         return out
 
 
 @pytest.fixture
 def world():
     catalog, engines = FakeCatalog(), FakeEngines()
-    gw = Gateway(GatewayConfig(instance_id="gw-test", max_body_bytes=4096, max_choices=4),
-                 catalog, engines)  # fmt: skip
+    gw = Gateway(
+        GatewayConfig(instance_id="gw-test", max_body_bytes=4096, max_choices=4), catalog, engines
+    )
     with TestClient(create_app(gw)) as http:
         yield catalog, engines, http
 
 
 def client(http, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url="http://testserver/v1", api_key=key, http_client=http,
-                         max_retries=0)  # fmt: skip
+    return openai.OpenAI(
+        base_url="http://testserver/v1", api_key=key, http_client=http, max_retries=0
+    )
 
 
 def test_chat_answer_names_the_revision_and_carries_the_conversation(world) -> None:
     catalog, engines, http = world
     oa = client(http, catalog.add_key("acme"))
     raw = oa.chat.completions.with_raw_response.create(
-        model="math@prod", max_tokens=4, temperature=0, n=2, seed=7, stop=["\n"],
-        messages=[{"role": "developer", "content": "be brief"},
-                  {"role": "user", "content": "first"},
-                  {"role": "assistant", "content": "ok"},
-                  {"role": "user", "content": "second"}],
-    )  # fmt: skip
+        model="math@prod",
+        max_tokens=4,
+        temperature=0,
+        n=2,
+        seed=7,
+        stop=["\n"],
+        messages=[
+            {"role": "developer", "content": "be brief"},
+            {"role": "user", "content": "first"},
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "second"},
+        ],
+    )
     r = raw.parse()
     assert [c.message.content for c in r.choices] == ["re:second", "re:second"]
     assert r.system_fingerprint == D1 and r.model == "math@prod" and r.id.startswith("chatcmpl-")
@@ -142,8 +175,9 @@ def test_chat_answer_names_the_revision_and_carries_the_conversation(world) -> N
 def test_defaults_follow_openai_and_pinned_digests_become_revisions(world) -> None:
     catalog, engines, http = world
     oa = client(http, catalog.add_key("acme"))
-    r = oa.chat.completions.create(model=f"acme/math@{D2}",
-                                   messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+    r = oa.chat.completions.create(
+        model=f"acme/math@{D2}", messages=[{"role": "user", "content": "hi"}]
+    )
     p = engines.seen[-1].payload
     assert p.temperature == 1.0 and p.max_tokens == 256 and p.revision == 2 and p.top_p == 1.0
     assert r.system_fingerprint == D2
@@ -152,9 +186,16 @@ def test_defaults_follow_openai_and_pinned_digests_become_revisions(world) -> No
 def test_streamed_chat_is_read_by_the_openai_client(world) -> None:
     catalog, _, http = world
     oa = client(http, catalog.add_key("acme"))
-    chunks = list(oa.chat.completions.create(
-        model="math@prod", messages=[{"role": "user", "content": "hey"}], stream=True,
-        max_tokens=4, logprobs=True, stream_options={"include_usage": True}))  # fmt: skip
+    chunks = list(
+        oa.chat.completions.create(
+            model="math@prod",
+            messages=[{"role": "user", "content": "hey"}],
+            stream=True,
+            max_tokens=4,
+            logprobs=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "re:hey"
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
@@ -188,7 +229,8 @@ def test_bad_keys_are_401(world, key) -> None:
     catalog, engines, http = world
     with pytest.raises(openai.AuthenticationError) as e:
         client(http, key or "x").chat.completions.create(
-            model="math@prod", messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+            model="math@prod", messages=[{"role": "user", "content": "hi"}]
+        )
     assert e.value.status_code == 401 and e.value.code == "invalid_api_key"
     r = http.get("/v1/models")  # no header at all
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
@@ -200,15 +242,19 @@ def test_another_tenants_policy_is_404_exactly_like_a_missing_one(world) -> None
     key = catalog.add_key("acme")
     bodies = {}
     for model in ("globex/math@prod", "acme/nosuch@prod", "nosuch@prod", f"math@{D1}"):
-        r = http.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                      json={"model": model, "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+        r = http.post(
+            "/v1/chat/completions",
+            headers={"Authorization": f"Bearer {key}"},
+            json={"model": model, "messages": [{"role": "user", "content": "hi"}]},
+        )
         assert r.status_code == 404, r.text
         bodies[model] = json.dumps(r.json()).replace(model, "MODEL")
     assert len(set(bodies.values())) == 1, bodies
     engines.fail_stage = "resolve"  # the engine found no such alias: the same answer
     with pytest.raises(openai.NotFoundError) as e:
         client(http, key).chat.completions.create(
-            model="math@canary", messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+            model="math@canary", messages=[{"role": "user", "content": "hi"}]
+        )
     assert json.dumps(e.value.body).replace("math@canary", "MODEL") == json.dumps(
         json.loads(next(iter(bodies.values())))["error"]
     )
@@ -224,7 +270,8 @@ def test_oversized_and_malformed_bodies_are_400(world) -> None:
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
     with pytest.raises(openai.BadRequestError) as e:
         client(http, auth["Authorization"][7:]).chat.completions.create(
-            model="math@prod", messages=[{"role": "user", "content": "hi"}], n=5)  # fmt: skip
+            model="math@prod", messages=[{"role": "user", "content": "hi"}], n=5
+        )
     assert e.value.param == "n" and "limit of 4" in e.value.message
     assert not engines.seen
 
@@ -249,8 +296,11 @@ def test_engine_failures_map_to_statuses(world) -> None:
         oa.completions.create(model="math@prod", prompt="a")
     assert e.value.status_code == 500 and "failed to generate" in e.value.message
     engines.fail_stage = "expired"  # too busy to reach it before its deadline: retry later
-    r = http.post("/v1/completions", json={"model": "math@prod", "prompt": "a"},
-                  headers={"Authorization": f"Bearer {catalog.add_key('acme')}"})  # fmt: skip
+    r = http.post(
+        "/v1/completions",
+        json={"model": "math@prod", "prompt": "a"},
+        headers={"Authorization": f"Bearer {catalog.add_key('acme')}"},
+    )
     assert r.status_code == 503 and r.headers["Retry-After"], r.text
 
 

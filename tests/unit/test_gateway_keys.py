@@ -23,8 +23,18 @@ from gateway.errors import Unauthorized
 
 def stored(key, tenant: str = "acme", revoked: bool = False) -> ApiKey:
     now = datetime.now(UTC)
-    return ApiKey(key.key_id, tenant, "ci", key.kdf, key.salt, key.hash, now, "test",
-                  now if revoked else None, "test" if revoked else None)  # fmt: skip
+    return ApiKey(
+        key.key_id,
+        tenant,
+        "ci",
+        key.kdf,
+        key.salt,
+        key.hash,
+        now,
+        "test",
+        now if revoked else None,
+        "test" if revoked else None,
+    )
 
 
 def test_a_new_key_parses_back_and_verifies_only_with_its_secret() -> None:
@@ -33,8 +43,9 @@ def test_a_new_key_parses_back_and_verifies_only_with_its_secret() -> None:
     assert key_id == key.key_id and key.text == f"mint_{key_id}_{secret}"
     assert check_key_id(key_id) == key_id and len(secret) == 43
     assert verify_secret(secret, key.salt, key.hash, key.kdf)
-    assert not verify_secret(secret[:-1] + ("A" if secret[-1] != "A" else "B"), key.salt,
-                             key.hash, key.kdf)  # fmt: skip
+    assert not verify_secret(
+        secret[:-1] + ("A" if secret[-1] != "A" else "B"), key.salt, key.hash, key.kdf
+    )
     assert key.kdf == DEFAULT_KDF and len(key.salt) == 16 and len(key.hash) == 32
     assert secret.encode() not in key.hash and key.hash != secret.encode()
 

@@ -13,16 +13,26 @@ from schemas.settings import MintSettings
 
 
 def request(rid: str):
-    return make_event(InferRequested(request_id=rid, prompt="hi"), tenant="acme", policy="m",
-                      producer="gateway/x")  # fmt: skip
+    return make_event(
+        InferRequested(request_id=rid, prompt="hi"), tenant="acme", policy="m", producer="gateway/x"
+    )
 
 
 def answer(req) -> bytes:
-    p = InferCompleted(request_id=req.payload.request_id, revision=1,
-                       adapter_digest="sha256:" + "a" * 64, engine_id="e0", text="yo",
-                       finish_reason="stop", prompt_tokens=1, completion_tokens=1, latency_ms=1)  # fmt: skip
-    return encode_event(make_event(p, tenant="acme", policy="m", producer="serving/e0",
-                                   caused_by=req))  # fmt: skip
+    p = InferCompleted(
+        request_id=req.payload.request_id,
+        revision=1,
+        adapter_digest="sha256:" + "a" * 64,
+        engine_id="e0",
+        text="yo",
+        finish_reason="stop",
+        prompt_tokens=1,
+        completion_tokens=1,
+        latency_ms=1,
+    )
+    return encode_event(
+        make_event(p, tenant="acme", policy="m", producer="serving/e0", caused_by=req)
+    )
 
 
 def test_only_own_answers_complete_futures() -> None:

@@ -14,12 +14,13 @@ from kafka.errors import IllegalStateError
 from prometheus_client import REGISTRY
 
 from catalog.models import Resolved
+from catalog.refs import Ref
 from catalog.store import AdapterStore
 from schemas import encode_event, make_event
 from schemas.events import InferRequested, LoadRequested, PromoteCommand
 from schemas.settings import MintSettings
 from streams import metrics as stream_metrics
-from streams.consumer import RecordLoop, RetryPolicy
+from streams.records import RecordLoop, RetryPolicy
 from workers.controller.logic import Refusal
 from workers.serving.core import ServingCore
 from workers.serving.resolution import ResolutionCache
@@ -47,8 +48,9 @@ class Delta:
 
 
 def record(topic: str, value_bytes: bytes | None, offset: int = 0) -> ConsumerRecord:
-    return ConsumerRecord(topic, 0, -1, offset, 0, 0, b"acme/p", value_bytes, [], None, 6,
-                          len(value_bytes or b""), 0)  # fmt: skip
+    return ConsumerRecord(
+        topic, 0, -1, offset, 0, 0, b"acme/p", value_bytes, [], None, 6, len(value_bytes or b""), 0
+    )
 
 
 # -- the consumer loop ------------------------------------------------------------------------
@@ -62,12 +64,22 @@ def test_records_are_counted_per_topic_and_outcome_and_dead_letters_per_reason()
     def handler(env, rec) -> None:
         calls["n"] += 1
         if rec.offset == 2:
-            raise ValueError("this record always fails")
+            raise RuntimeError("this record always fails")  # unknown: retried, then dead-lettered
 
-    loop = RecordLoop(SETTINGS, group, handler, RetryPolicy(2, 0.001, 0.001), None,
-                      threading.Event(), dead_letter_sink=lambda *letter: letters.append(letter))  # fmt: skip
-    good = encode_event(make_event(PromoteCommand(alias="prod", revision=1), tenant="acme",
-                                   policy="p", producer="t"))  # fmt: skip
+    loop = RecordLoop(
+        SETTINGS,
+        group,
+        handler,
+        RetryPolicy(2, 0.001, 0.001),
+        None,
+        threading.Event(),
+        dead_letter_sink=lambda *letter: letters.append(letter),
+    )
+    good = encode_event(
+        make_event(
+            PromoteCommand(alias="prod", revision=1), tenant="acme", policy="p", producer="t"
+        )
+    )
     for offset, raw in enumerate([good, b"not json", good, good]):
         loop.process(record(topic, raw, offset))
     labels = {"group": group, "topic": topic}
@@ -109,8 +121,10 @@ def test_lag_per_partition_follows_the_assignment_and_is_refreshed_at_most_every
     gauges.update(consumer, lambda: 3)
 
     def lag(tp: TopicPartition) -> float | None:
-        return REGISTRY.get_sample_value("mint_consumer_lag_records", {
-            "group": group, "topic": tp.topic, "partition": str(tp.partition)})  # fmt: skip
+        return REGISTRY.get_sample_value(
+            "mint_consumer_lag_records",
+            {"group": group, "topic": tp.topic, "partition": str(tp.partition)},
+        )
 
     assert (lag(a), lag(b), lag(c)) == (6, 0, None)
     assert value("mint_consumer_held_records", group=group) == 3
@@ -136,12 +150,17 @@ def test_lag_per_partition_follows_the_assignment_and_is_refreshed_at_most_every
 def test_working_set_counts_hits_and_misses_per_tier_loads_and_occupancy(tmp_path: Path) -> None:
     store = AdapterStore(tmp_path / "store")
     refs = [put(store, tmp_path, i) for i in range(3)]
-    d = Delta(*[("mint_working_set_lookups_total", {"tier": t, "result": r})
-                for t in ("gpu", "cpu", "disk") for r in ("hit", "miss")],
-              ("mint_adapter_load_seconds_count", {"source": "store"}),
-              ("mint_adapter_load_seconds_count", {"source": "disk"}),
-              ("mint_working_set_evictions_total", {"tier": "cpu", "reason": "lru"}),
-              ("mint_working_set_evictions_total", {"tier": "cpu", "reason": "requested"}))  # fmt: skip
+    d = Delta(
+        *[
+            ("mint_working_set_lookups_total", {"tier": t, "result": r})
+            for t in ("gpu", "cpu", "disk")
+            for r in ("hit", "miss")
+        ],
+        ("mint_adapter_load_seconds_count", {"source": "store"}),
+        ("mint_adapter_load_seconds_count", {"source": "disk"}),
+        ("mint_working_set_evictions_total", {"tier": "cpu", "reason": "lru"}),
+        ("mint_working_set_evictions_total", {"tier": "cpu", "reason": "requested"}),
+    )
     ws = make_ws(store, tmp_path, FakeEngine(), max_loras=1, max_cpu_loras=2)
     assert value("mint_working_set_slots", tier="gpu") == 1
     assert value("mint_working_set_slots", tier="cpu") == 2
@@ -173,7 +192,8 @@ def core(tmp_path: Path) -> tuple[ServingCore, dict]:
     engine = GenEngine()
     ws = make_ws(store, tmp_path, engine, max_loras=2, max_cpu_loras=2)
 
-    def resolve(ref: str) -> Resolved:
+    def resolve(ref: Ref) -> Resolved:
+        ref = str(ref)  # the fake reads the rendered form
         policy = ref.partition("@")[0].split("/")[1]
         r = refs[policy]
         return Resolved("acme", policy, r.revision, r.digest, r.store_uri, "prod")
@@ -184,18 +204,26 @@ def core(tmp_path: Path) -> tuple[ServingCore, dict]:
 
 
 def infer(policy: str, rid: str):
-    return make_event(InferRequested(request_id=rid, prompt="hi", max_tokens=2), tenant="acme",
-                      policy=policy, producer="test")  # fmt: skip
+    return make_event(
+        InferRequested(request_id=rid, prompt="hi", max_tokens=2),
+        tenant="acme",
+        policy=policy,
+        producer="test",
+    )
 
 
 def test_cold_and_warm_latency_wave_sizes_and_the_request_ids_on_later_log_lines(core) -> None:
     core, _ = core
-    d = Delta(("mint_serving_infer_latency_seconds_count", {"load": "cold"}),
-              ("mint_serving_infer_latency_seconds_count", {"load": "warm"}),
-              ("mint_serving_wave_requests_count", {}), ("mint_serving_wave_requests_sum", {}),
-              ("mint_serving_wave_adapters_sum", {}), ("mint_serving_load_wave_adapters_sum", {}),
-              ("mint_serving_load_wave_adapters_count", {}),
-              ("mint_serving_generate_seconds_count", {}))  # fmt: skip
+    d = Delta(
+        ("mint_serving_infer_latency_seconds_count", {"load": "cold"}),
+        ("mint_serving_infer_latency_seconds_count", {"load": "warm"}),
+        ("mint_serving_wave_requests_count", {}),
+        ("mint_serving_wave_requests_sum", {}),
+        ("mint_serving_wave_adapters_sum", {}),
+        ("mint_serving_load_wave_adapters_sum", {}),
+        ("mint_serving_load_wave_adapters_count", {}),
+        ("mint_serving_generate_seconds_count", {}),
+    )
     cold = [infer("p0", "a"), infer("p0", "b"), infer("p1", "c")]
     loads = [e for env in cold for e in core.on_infer(env)]
     assert [type(e.payload) for e in loads] == [LoadRequested, LoadRequested]
@@ -226,8 +254,10 @@ def test_cold_and_warm_latency_wave_sizes_and_the_request_ids_on_later_log_lines
 
 def test_failed_requests_are_counted_by_stage_and_logged_with_their_ids(core) -> None:
     core, refs = core
-    d = Delta(("mint_serving_infer_failures_total", {"stage": "load"}),
-              ("mint_adapter_load_failures_total", {"error": "AdapterDigestMismatch"}))  # fmt: skip
+    d = Delta(
+        ("mint_serving_infer_failures_total", {"stage": "load"}),
+        ("mint_adapter_load_failures_total", {"error": "AdapterDigestMismatch"}),
+    )
     weights = Path(refs["p1"].store_uri.removeprefix("file://")) / "adapter_model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-8] + b"\0" * 8)
     env = infer("p1", "bad")
@@ -246,9 +276,11 @@ def test_failed_requests_are_counted_by_stage_and_logged_with_their_ids(core) ->
 
 
 def test_a_train_step_is_timed_and_its_tokens_counted() -> None:
-    d = Delta(("mint_trainer_step_seconds_count", {"objective": "rl"}),
-              ("mint_trainer_step_seconds_sum", {"objective": "rl"}),
-              ("mint_trainer_tokens_total", {"objective": "rl"}))  # fmt: skip
+    d = Delta(
+        ("mint_trainer_step_seconds_count", {"objective": "rl"}),
+        ("mint_trainer_step_seconds_sum", {"objective": "rl"}),
+        ("mint_trainer_tokens_total", {"objective": "rl"}),
+    )
     trainer_metrics.observe_step("rl", 0.5, 1000)
     assert d("mint_trainer_step_seconds_count", objective="rl") == 1
     assert d("mint_trainer_step_seconds_sum", objective="rl") == 0.5
@@ -257,11 +289,13 @@ def test_a_train_step_is_timed_and_its_tokens_counted() -> None:
 
 
 def test_gate_verdicts_alias_moves_and_refusals_count_once_per_input(ctl) -> None:  # noqa: F811
-    d = Delta(("mint_controller_gate_verdicts_total", {"verdict": "passed"}),
-              ("mint_controller_gate_verdicts_total", {"verdict": "failed"}),
-              ("mint_controller_alias_moves_total", {"cause": "promote"}),
-              ("mint_controller_refusals_total", {"command": "serving.promote"}),
-              ("mint_controller_events_total", {"type": "serving.promote"}))  # fmt: skip
+    d = Delta(
+        ("mint_controller_gate_verdicts_total", {"verdict": "passed"}),
+        ("mint_controller_gate_verdicts_total", {"verdict": "failed"}),
+        ("mint_controller_alias_moves_total", {"cause": "promote"}),
+        ("mint_controller_refusals_total", {"command": "serving.promote"}),
+        ("mint_controller_events_total", {"type": "serving.promote"}),
+    )
     (req1,) = ctl.handle(export(1))
     ctl.handle(req1)
     done1 = completed(req1, {"reward": 0.7})
@@ -277,8 +311,12 @@ def test_gate_verdicts_alias_moves_and_refusals_count_once_per_input(ctl) -> Non
     ctl.handle(req2)
     assert ctl.handle(completed(req2, {"reward": 0.4})) == []
     assert d("mint_controller_gate_verdicts_total", verdict="failed") == 1
-    stale = make_event(PromoteCommand(alias="prod", revision=2, expected_revision=7),
-                       tenant="acme", policy="math", producer="test")  # fmt: skip
+    stale = make_event(
+        PromoteCommand(alias="prod", revision=2, expected_revision=7),
+        tenant="acme",
+        policy="math",
+        producer="test",
+    )
     (refused,) = ctl.handle(stale, None, Refusal("at revision 1", 1))
     assert refused.type == "serving.refused"
     assert d("mint_controller_refusals_total", command="serving.promote") == 1

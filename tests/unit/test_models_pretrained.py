@@ -60,8 +60,9 @@ def test_an_earlier_fetch_is_reused(fake_gguf: Path, tmp_path: Path, monkeypatch
     folder.mkdir(parents=True)
     (folder / "config.json").write_text("{}")
     st = fake_gguf.stat()
-    (folder / pretrained.MANIFEST).write_text(json.dumps(
-        {"dtype": "float32", "gguf_size": st.st_size, "gguf_mtime": int(st.st_mtime)}))  # fmt: skip
+    (folder / pretrained.MANIFEST).write_text(
+        json.dumps({"dtype": "float32", "gguf_size": st.st_size, "gguf_mtime": int(st.st_mtime)})
+    )
     monkeypatch.setattr(pretrained, "_convert", lambda *a: pytest.fail("converted again"))
     assert pretrained.fetch(NAME, tmp_path) == folder
     # Another dtype is another folder: it would convert (and here the digest check refuses).

@@ -13,10 +13,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_moe_packed_load_benchmark_smoke(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "moe_packed_load.py"), "--smoke",
-         "--dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=120, check=True, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "moe_packed_load.py"),
+            "--smoke",
+            "--dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=ROOT,
+    )
     lines = [line for line in out.stdout.splitlines() if line.strip()]
     assert len(lines) == 1, out.stdout
     r = json.loads(lines[0])

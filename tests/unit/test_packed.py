@@ -1,7 +1,7 @@
 """Packed MoE LoRA (catalog/packed.py): lossless conversions between the PEFT layout the trainer
-writes, the packed layout and the per-expert layout; the store's packed file and its digest; the
-engine's loader. The PEFT side is real PEFT on a small module tree shaped like transformers 5's
-fused experts (no model download, no transformers model)."""
+writes, the packed layout and the per-expert layout; the store's packed file and its digest. The
+PEFT side is real PEFT on a small module tree shaped like transformers 5's fused experts (no model
+download, no transformers model)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from torch import nn
 
 from catalog.artifacts import PACKED_FILE, WEIGHTS_FILE, adapter_digest, read_manifest
 from catalog.exceptions import AdapterCorrupted, AdapterShapeMismatch
+from catalog.models import Resolved
 from catalog.packed import (
     packed_to_peft,
     packed_to_per_expert,
@@ -28,8 +29,7 @@ from catalog.packed import (
 )
 from catalog.store import AdapterStore
 from workers.serving.exceptions import AdapterDigestMismatch
-from workers.serving.moe_lora import load_moe_lora
-from workers.serving.working_set import AdapterRef, WorkingSet
+from workers.serving.working_set import WorkingSet
 
 # gate_up_proj [E, 2·INTER, H] and down_proj [E, H, INTER] both get lora_B [16, E·r] here: which
 # tensor belongs to which parameter comes from PEFT's nesting order, not from shapes.
@@ -69,10 +69,15 @@ CONFIGS = {
     # What the trainer writes for target_parameters=[...experts.gate_up_proj, ...down_proj].
     "params": dict(r=2, lora_alpha=4, target_modules=["q_proj"], target_parameters=EXPERTS),
     # What PEFT writes when gate/up/down_proj are listed as modules: bare names, gate_up at 2r.
-    "modules": dict(r=2, lora_alpha=4, target_modules=["q_proj"],
-                    target_parameters=["gate_up_proj", "down_proj"],
-                    rank_pattern={r".*\.gate_up_proj": 4}, alpha_pattern={r".*\.gate_up_proj": 8}),
-}  # fmt: skip
+    "modules": dict(
+        r=2,
+        lora_alpha=4,
+        target_modules=["q_proj"],
+        target_parameters=["gate_up_proj", "down_proj"],
+        rank_pattern={r".*\.gate_up_proj": 4},
+        alpha_pattern={r".*\.gate_up_proj": 8},
+    ),
+}
 
 
 def peft_toy(kind: str, seed: int = 0) -> PeftModel:
@@ -84,8 +89,11 @@ def save_peft(model: PeftModel, out: Path, dtype: torch.dtype = torch.float32) -
     """A stock PEFT folder, written as the trainer's write_adapter writes it."""
     out.mkdir(parents=True, exist_ok=True)
     sd = get_peft_model_state_dict(model)
-    save_file({k: v.detach().to(dtype).contiguous() for k, v in sd.items()},
-              str(out / WEIGHTS_FILE), metadata={"format": "pt"})  # fmt: skip
+    save_file(
+        {k: v.detach().to(dtype).contiguous() for k, v in sd.items()},
+        str(out / WEIGHTS_FILE),
+        metadata={"format": "pt"},
+    )
     config = model.peft_config["default"]
     config.inference_mode = True
     config.save_pretrained(str(out))
@@ -121,36 +129,28 @@ def test_peft_and_packed_convert_losslessly(tmp_path, kind, dtype):
         a, b = stacked_keys(f"{experts}.down_proj")
         assert packed[a].shape == (E, 2, INTER) and packed[b].shape == (E, H, 2)
         assert f"{PREFIX}.{layer}.self_attn.q_proj.lora_A.weight" in packed  # passed through
-    assert len(projections) == 2 * LAYERS and not any(k.endswith(".weight") and ".experts." in k
-                                                     for k in packed)  # fmt: skip
+    assert len(projections) == 2 * LAYERS and not any(
+        k.endswith(".weight") and ".experts." in k for k in packed
+    )
     assert_same(packed_to_peft(packed, projections), peft)
 
 
 @pytest.mark.parametrize("kind", sorted(CONFIGS))
 def test_packed_factors_are_peft_expert_updates(tmp_path, kind):
     """Expert e's update scaling·B[e]@A[e] is what PEFT's ParamWrapper adds to that expert's
-    weight, and the engine's w1/w3 are the gate/up halves of gate_up_proj (transformers 5 order)."""
+    weight."""
     model = peft_toy(kind)
     folder = save_peft(model, tmp_path / "a")
     packed, _ = peft_to_packed(load_file(str(folder / WEIGHTS_FILE)), config_of(folder))
-    engine = load_moe_lora(folder)
-    assert engine.source == "peft"
     for layer in range(LAYERS):
         down = model.base_model.model.model.layers[layer].mlp.experts
         gate_up = down.base_layer
         assert (gate_up.parameter_name, down.parameter_name) == ("gate_up_proj", "down_proj")
-        w = engine.experts[f"model.layers.{layer}.mlp.experts"]
         for wrapper, proj in ((gate_up, "gate_up_proj"), (down, "down_proj")):
             a, b = (packed[k] for k in stacked_keys(f"{PREFIX}.{layer}.mlp.experts.{proj}"))
             scaling = wrapper.scaling["default"]
             expected = wrapper.get_delta_weight("default").detach()  # [E, out, in]
             torch.testing.assert_close(scaling * b @ a, expected, rtol=1e-5, atol=1e-6)
-        delta_gu = gate_up.get_delta_weight("default").detach()
-        delta_down = down.get_delta_weight("default").detach()
-        for slot, want in ((0, delta_gu[:, :INTER]), (1, delta_down), (2, delta_gu[:, INTER:])):
-            got = w.scaling[slot] * w.lora_b[slot] @ w.lora_a[slot]
-            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-        assert w.lora_a[0].shape == (E, 4 if kind == "modules" else 2, H)
 
 
 def test_per_expert_and_packed_convert_losslessly(tmp_path):
@@ -205,23 +205,15 @@ def test_store_writes_packed_file_beside_stock_peft_files(store, tmp_path):
     # Stock PEFT loads the stored folder as it is.
     loaded = PeftModel.from_pretrained(Toy(), str(stored.path))
     want = get_peft_model_state_dict(model)
-    assert_same({k: v.detach() for k, v in get_peft_model_state_dict(loaded).items()},
-                {k: v.detach() for k, v in want.items()})  # fmt: skip
+    assert_same(
+        {k: v.detach() for k, v in get_peft_model_state_dict(loaded).items()},
+        {k: v.detach() for k, v in want.items()},
+    )
     # Deterministic: the same adapter gives the same packed bytes and digest in another store.
     again = put(AdapterStore(tmp_path / "other"), src)
     assert again.digest == stored.digest
     assert (again.path / PACKED_FILE).read_bytes() == (stored.path / PACKED_FILE).read_bytes()
     assert put(store, src).path == stored.path  # idempotent
-    # The engine reads the packed file: the same tensors as converting the PEFT file.
-    fast, slow = load_moe_lora(stored.path), load_moe_lora(src)
-    assert (fast.source, slow.source) == ("packed", "peft")
-    assert sorted(fast.experts) == [f"model.layers.{i}.mlp.experts" for i in range(LAYERS)]
-    assert_same(fast.others, slow.others)
-    for name, w in fast.experts.items():
-        for got, want in zip(w.lora_a + w.lora_b, slow.experts[name].lora_a +
-                             slow.experts[name].lora_b, strict=True):  # fmt: skip
-            assert torch.equal(got, want)
-        assert w.scaling == slow.experts[name].scaling == [2.0, 2.0, 2.0]
 
 
 def test_digest_and_verification_cover_the_packed_file(store, tmp_path):
@@ -252,8 +244,9 @@ def test_dense_adapters_and_old_manifests_stay_as_they_were(store, tmp_path):
     key = f"{PREFIX}.0.self_attn.q_proj"
     dense = {f"{key}.lora_A.weight": torch.randn(2, H), f"{key}.lora_B.weight": torch.randn(H, 2)}
     save_file(dense, str(src / WEIGHTS_FILE))
-    (src / "adapter_config.json").write_text(json.dumps(
-        {"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": ["q_proj"]}))  # fmt: skip
+    (src / "adapter_config.json").write_text(
+        json.dumps({"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": ["q_proj"]})
+    )
     stored = put(store, src, policy="dense")
     assert stored.manifest.layout == "peft" and not (stored.path / PACKED_FILE).exists()
     assert sorted(stored.manifest.files) == ["adapter_config.json", "adapter_model.safetensors"]
@@ -285,12 +278,19 @@ class FakeEngine:
 def test_working_set_fetches_the_packed_file_and_verifies_it(store, tmp_path):
     stored = put(store, save_peft(peft_toy("params"), tmp_path / "src"))
     engine = FakeEngine()
-    ws = WorkingSet(engine, store, tmp_path / "cache", base_model_fingerprint=FP, max_loras=1,
-                    max_cpu_loras=1, max_disk_loras=2, max_lora_rank=8)  # fmt: skip
-    handle = ws.ensure(AdapterRef("acme", "moe", 1, stored.digest, stored.uri))
+    ws = WorkingSet(
+        engine,
+        store,
+        tmp_path / "cache",
+        base_model_fingerprint=FP,
+        max_loras=1,
+        max_cpu_loras=1,
+        max_disk_loras=2,
+        max_lora_rank=8,
+    )
+    handle = ws.ensure(Resolved("acme", "moe", 1, stored.digest, stored.uri))
     assert (handle.path / PACKED_FILE).read_bytes() == (stored.path / PACKED_FILE).read_bytes()
-    assert load_moe_lora(handle.path).source == "packed"
     ws.evict(stored.digest)
     shutil.copyfile(handle.path / WEIGHTS_FILE, handle.path / PACKED_FILE)  # rot on local disk
     with pytest.raises(AdapterDigestMismatch, match="digest"):
-        ws.ensure(AdapterRef("acme", "moe", 1, stored.digest, stored.uri))
+        ws.ensure(Resolved("acme", "moe", 1, stored.digest, stored.uri))

@@ -47,9 +47,12 @@ def test_every_event_type_round_trips_through_bytes(event_type: str) -> None:
 def test_make_event_links_correlation_and_causation() -> None:
     first = _event("eval.completed")
     second = make_event(
-        PromoteCommand(revision=1), tenant="acme", policy="math-rl", producer="ctl",
+        PromoteCommand(revision=1),
+        tenant="acme",
+        policy="math-rl",
+        producer="ctl",
         caused_by=first,
-    )  # fmt: skip
+    )
     assert first.correlation_id == first.event_id and first.causation_id is None
     assert second.correlation_id == first.event_id
     assert second.causation_id == first.event_id
@@ -117,9 +120,18 @@ def test_digests_must_be_lowercase_sha256(digest: str) -> None:
         ExportCompleted(**fields)
 
 
-@pytest.mark.parametrize("event_type", ["serving.promote", "serving.rollback", "update.requested",
-                                        "rollout.requested", "load.requested", "infer.requested",
-                                        "eval.requested"])  # fmt: skip
+@pytest.mark.parametrize(
+    "event_type",
+    [
+        "serving.promote",
+        "serving.rollback",
+        "update.requested",
+        "rollout.requested",
+        "load.requested",
+        "infer.requested",
+        "eval.requested",
+    ],
+)
 def test_commands_reject_unknown_fields(event_type: str) -> None:
     wire = _wire(event_type)
     wire["payload"]["revison"] = 3  # a typo must not be silently ignored
@@ -154,7 +166,7 @@ def test_envelope_rejects_unknown_fields() -> None:
             b'{"type": "export.completed", "schema_version": 9}',
             UnsupportedSchemaVersion,
             "unknown_version",
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_decode_errors_name_a_dead_letter_reason(data, error, reason) -> None:
@@ -183,8 +195,9 @@ def test_wrong_field_error_names_field_value_and_contract() -> None:
 
 def test_make_event_wraps_envelope_errors() -> None:
     with pytest.raises(EventValidationError, match="cannot build a export.completed event.*tenant"):
-        make_event(example_payload("export.completed"), tenant="Bad", policy="math-rl",
-                   producer="t")  # fmt: skip
+        make_event(
+            example_payload("export.completed"), tenant="Bad", policy="math-rl", producer="t"
+        )
 
 
 def test_eval_verdict_must_agree_with_thresholds() -> None:

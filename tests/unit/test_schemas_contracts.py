@@ -20,7 +20,7 @@ from schemas.contracts import (
     stale,
     write,
 )
-from schemas.events import ExportCompleted
+from schemas.events import ExportCompleted, InferFailed
 from schemas.examples import example_payload
 
 
@@ -62,28 +62,28 @@ OPT_INT = {"anyOf": [INT, {"type": "null"}]}
             _object({"a": INT}, []),
             _object({"a": INT, "b": STR}, ["b"]),
             ["$.b: new required field"],
-        ),  # fmt: skip
+        ),
         (_object({"a": INT}, []), _object({"a": INT}, ["a"]), ["$.a: new required field"]),
         (
             _object({"a": INT}, []),
             _object({"a": STR}, []),
             ["$.a: type changed from ['integer'] to ['string']"],
-        ),  # fmt: skip
+        ),
         (
             _object({"a": OPT_INT}, []),
             _object({"a": INT}, []),
             ["$.a: type changed from ['integer', 'null'] to ['integer']"],
-        ),  # fmt: skip
+        ),
         (
             _object({"a": {"type": "array", "items": INT}}, []),
             _object({"a": {"type": "array", "items": STR}}, []),
             ["$.a[]: type changed from ['integer'] to ['string']"],
-        ),  # fmt: skip
+        ),
         (
             _object({"p": {"$ref": "#/$defs/P"}}, []) | {"$defs": {"P": _object({"x": INT}, [])}},
             _object({"p": {"$ref": "#/$defs/P"}}, []) | {"$defs": {"P": _object({}, [])}},
             ["$.p.x: field removed"],
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_incompatibility_rules(old: dict, new: dict, expected: list[str]) -> None:
@@ -123,8 +123,12 @@ def test_schema_alone_rejects_what_the_models_reject() -> None:
     schema = json.loads((CONTRACTS_DIR / "serving.promote.v1.json").read_text())
     env = make_event(example_payload("serving.promote"), tenant="acme", policy="p", producer="t")
     wire = json.loads(encode_event(env))
-    for path, value in [(("tenant",), "ACME"), (("payload", "revison"), 2), (("type",), "x.y"),
-                        (("payload", "revision"), 0)]:  # fmt: skip
+    for path, value in [
+        (("tenant",), "ACME"),
+        (("payload", "revison"), 2),
+        (("type",), "x.y"),
+        (("payload", "revision"), 0),
+    ]:
         bad = json.loads(json.dumps(wire))
         target = bad
         for part in path[:-1]:
@@ -132,3 +136,28 @@ def test_schema_alone_rejects_what_the_models_reject() -> None:
         target[path[-1]] = value
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, schema)
+
+
+def test_an_engine_refusal_is_an_infer_failed_with_stage_validate_and_its_code() -> None:
+    # The gateway answers it with HTTP 400 and the code (OpenAI's error shape): the contract a
+    # foreign consumer reads it by.
+    schema = json.loads((CONTRACTS_DIR / "infer.failed.v1.json").read_text())
+    refusal = InferFailed(
+        request_id="r1",
+        ref="acme/p@prod",
+        stage="validate",
+        code="context_length_exceeded",
+        engine_id="e0",
+        error="the prompt has 300 tokens; max_model_len is 256",
+    )
+    wire = json.loads(encode_event(make_event(refusal, tenant="acme", policy="p", producer="t")))
+    jsonschema.validate(wire, schema)
+    assert schema["properties"]["payload"]["$ref"]  # (the payload is a definition)
+    payload = schema["$defs"]["InferFailed"]["properties"]
+    assert (
+        "validate" in payload["stage"]["enum"]
+        and "code" not in schema["$defs"]["InferFailed"]["required"]
+    )
+    wire["payload"]["code"] = "x" * 65
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(wire, schema)

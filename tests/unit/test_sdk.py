@@ -5,20 +5,44 @@ from __future__ import annotations
 import pytest
 
 from mint.sdk import AdamParams, Datum, TrainingClient, rollouts_to_examples
-from mint.sdk.client import UpdateResult
+from mint.sdk.training import UpdateResult
 from schemas.events import LoraSpec
 from workers.trainer.data import parse_examples
 
 
 def test_rollout_rows_become_valid_grpo_examples() -> None:
     rows = [
-        {"prompt_index": 0, "sample": 0, "prompt": "hi", "prompt_token_ids": [1, 5],
-         "completion": "ab", "token_ids": [7, 8], "logprobs": [-0.1, -0.2], "reward": 0.5},
-        {"prompt_index": 0, "sample": 1, "prompt": "hi", "prompt_token_ids": [1, 5],
-         "completion": "", "token_ids": [], "logprobs": [], "reward": 0.0},
-        {"prompt_index": 1, "sample": 0, "prompt": "yo", "prompt_token_ids": [1, 6],
-         "completion": "c", "token_ids": [9], "logprobs": [-0.3], "reward": 1.0},
-    ]  # fmt: skip
+        {
+            "prompt_index": 0,
+            "sample": 0,
+            "prompt": "hi",
+            "prompt_token_ids": [1, 5],
+            "completion": "ab",
+            "token_ids": [7, 8],
+            "logprobs": [-0.1, -0.2],
+            "reward": 0.5,
+        },
+        {
+            "prompt_index": 0,
+            "sample": 1,
+            "prompt": "hi",
+            "prompt_token_ids": [1, 5],
+            "completion": "",
+            "token_ids": [],
+            "logprobs": [],
+            "reward": 0.0,
+        },
+        {
+            "prompt_index": 1,
+            "sample": 0,
+            "prompt": "yo",
+            "prompt_token_ids": [1, 6],
+            "completion": "c",
+            "token_ids": [9],
+            "logprobs": [-0.3],
+            "reward": 1.0,
+        },
+    ]
     ex = rollouts_to_examples(rows)
     assert [e["group"] for e in ex] == [0, 1]  # the empty completion is dropped
     parsed = parse_examples(ex, "rl")  # the trainer's own validation accepts them

@@ -12,7 +12,9 @@ from mint.commands.lifecycle import _split, parse_gate
 
 def test_gate_parsing() -> None:
     assert parse_gate(("reward>=0.6", "loss <= 2", "reward<=1")) == {
-        "reward": {"min": 0.6, "max": 1.0}, "loss": {"max": 2.0}}  # fmt: skip
+        "reward": {"min": 0.6, "max": 1.0},
+        "loss": {"max": 2.0},
+    }
 
 
 @pytest.mark.parametrize("bad", ["reward>0.6", "reward", ">=1", "reward>=x"])
@@ -21,9 +23,14 @@ def test_bad_gates_say_what_is_expected(bad: str) -> None:
         parse_gate((bad,))
 
 
-@pytest.mark.parametrize(("ref", "want"), [("acme/math", ("acme", "math")),
-                                           ("acme/math@prod", ("acme", "math")),
-                                           ("acme/math@7", ("acme", "math"))])  # fmt: skip
+@pytest.mark.parametrize(
+    ("ref", "want"),
+    [
+        ("acme/math", ("acme", "math")),
+        ("acme/math@prod", ("acme", "math")),
+        ("acme/math@7", ("acme", "math")),
+    ],
+)
 def test_references(ref, want) -> None:
     assert _split(ref) == want
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,9 @@ import torch
 from safetensors.torch import save_file
 
 from catalog.models import Resolved
+from catalog.refs import Ref
 from catalog.store import AdapterStore
-from schemas.envelope import make_event
+from schemas.envelope import Envelope, make_event
 from schemas.events import AliasMoved
 from workers.serving.exceptions import (
     AdapterDigestMismatch,
@@ -27,7 +29,7 @@ from workers.serving.ids import lora_int_id
 from workers.serving.resolution import ResolutionCache
 from workers.serving.rewards import get_reward
 from workers.serving.scheduler import DemandScheduler
-from workers.serving.working_set import AdapterRef, WorkingSet
+from workers.serving.working_set import WorkingSet
 
 FP = "sha256:" + "ab" * 32
 OTHER_FP = "sha256:" + "cd" * 32
@@ -43,10 +45,17 @@ def write_adapter(folder: Path, seed: int, rank: int = 4) -> Path:
             tensors[f"{key}.lora_A.weight"] = torch.randn(rank, 32, generator=g)
             tensors[f"{key}.lora_B.weight"] = torch.randn(32, rank, generator=g)
     save_file(tensors, str(folder / "adapter_model.safetensors"))
-    (folder / "adapter_config.json").write_text(json.dumps({
-        "peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank,
-        "target_modules": ["q_proj", "v_proj"], "base_model_name_or_path": "tiny",
-    }))  # fmt: skip
+    (folder / "adapter_config.json").write_text(
+        json.dumps(
+            {
+                "peft_type": "LORA",
+                "r": rank,
+                "lora_alpha": 2 * rank,
+                "target_modules": ["q_proj", "v_proj"],
+                "base_model_name_or_path": "tiny",
+            }
+        )
+    )
     return folder
 
 
@@ -76,11 +85,12 @@ def store(tmp_path: Path) -> AdapterStore:
     return AdapterStore(tmp_path / "store")
 
 
-def put(store: AdapterStore, tmp_path: Path, seed: int, rank: int = 4, fp: str = FP,
-        policy: str = "p") -> AdapterRef:  # fmt: skip
+def put(
+    store: AdapterStore, tmp_path: Path, seed: int, rank: int = 4, fp: str = FP, policy: str = "p"
+) -> Resolved:
     src = write_adapter(tmp_path / f"src{seed}-{uuid.uuid4().hex[:6]}", seed, rank)
     s = store.put(src, tenant="acme", policy=policy, base_model="tiny", base_model_fingerprint=fp)
-    return AdapterRef("acme", policy, seed + 1, s.digest, s.uri)
+    return Resolved("acme", policy, seed + 1, s.digest, s.uri)
 
 
 def make_ws(store, tmp_path, engine, **kw) -> WorkingSet:
@@ -120,8 +130,8 @@ def test_resolution_cache_ttl_and_alias_moved_invalidation() -> None:
     calls: list[str] = []
     d1, d2 = "sha256:" + "1" * 64, "sha256:" + "2" * 64
 
-    def resolve(ref: str) -> Resolved:
-        calls.append(ref)
+    def resolve(ref: Ref) -> Resolved:
+        calls.append(str(ref))
         return Resolved("acme", "p", 1, d1, "file:///s/acme/p/1", "prod")
 
     cache = ResolutionCache(resolve, ttl_s=2.0, clock=lambda: now[0])
@@ -131,10 +141,18 @@ def test_resolution_cache_ttl_and_alias_moved_invalidation() -> None:
     cache.resolve("acme/p@prod")
     assert len(calls) == 2  # expired
     moved = make_event(
-        AliasMoved(alias="prod", from_revision=1, to_revision=2, adapter_digest=d2,
-                   store_uri="file:///s/acme/p/2", cause="promote"),
-        tenant="acme", policy="p", producer="test",
-    )  # fmt: skip
+        AliasMoved(
+            alias="prod",
+            from_revision=1,
+            to_revision=2,
+            adapter_digest=d2,
+            store_uri="file:///s/acme/p/2",
+            cause="promote",
+        ),
+        tenant="acme",
+        policy="p",
+        producer="test",
+    )
     cache.apply(moved)
     got = cache.resolve("acme/p@prod")
     assert (got.revision, got.digest) == (2, d2) and len(calls) == 2
@@ -142,6 +160,41 @@ def test_resolution_cache_ttl_and_alias_moved_invalidation() -> None:
     now[0] = 1000.0
     cache.resolve("acme/p@1")
     assert calls.count("acme/p@1") == 1  # numbered refs never expire
+
+
+def test_a_replayed_older_alias_move_never_takes_the_engines_alias_back() -> None:
+    """Issue 25 (6): an operator replays serving.events; the engines kept serving the replayed
+    older revision until the cache expired."""
+    digests = {n: f"sha256:{n}" + "0" * 63 for n in range(1, 4)}
+
+    def resolve(ref: str) -> Resolved:
+        raise AssertionError("served from the moves alone")
+
+    def move(to: int, seq: int | None, at_s: int) -> Envelope:
+        env = make_event(
+            AliasMoved(
+                alias="prod",
+                from_revision=to - 1 if to > 1 else None,
+                to_revision=to,
+                adapter_digest=digests[to],
+                store_uri=f"file:///s/acme/p/{to}",
+                cause="promote",
+                seq=seq,
+            ),
+            tenant="acme",
+            policy="p",
+            producer="test",
+        )
+        return env.model_copy(update={"occurred_at": datetime(2026, 1, 1, 0, 0, at_s, tzinfo=UTC)})
+
+    cache = ResolutionCache(resolve, ttl_s=1e9)
+    old, new = move(2, seq=2, at_s=1), move(3, seq=3, at_s=2)
+    assert cache.apply(old) is not None and cache.apply(new) is not None
+    assert cache.apply(old) is None  # the replay: refused, no prefetch either
+    assert cache.resolve("acme/p@prod").revision == 3
+    assert cache.apply(move(2, seq=None, at_s=0)) is None  # no seq: ordered by time
+    assert cache.apply(move(1, seq=4, at_s=0)) is not None  # a later rollback wins by seq
+    assert cache.resolve("acme/p@prod").revision == 1 and cache.stale_moves == 2
 
 
 def test_working_set_lru_pins_and_counters(store, tmp_path) -> None:
@@ -156,7 +209,10 @@ def test_working_set_lru_pins_and_counters(store, tmp_path) -> None:
     ws.ensure(refs[3])
     assert not ws.resident(refs[2].digest)
     assert {r.digest for r in refs if ws.resident(r.digest)} == {
-        refs[0].digest, refs[1].digest, refs[3].digest}  # fmt: skip
+        refs[0].digest,
+        refs[1].digest,
+        refs[3].digest,
+    }
     assert engine.list() == {ws.handle(r.digest).lora_id for r in (refs[0], refs[1], refs[3])}
     c = ws.counters.as_dict()
     assert (c["hits"], c["misses"], c["loads"], c["evictions"]) == (2, 4, 4, 1)
@@ -181,8 +237,9 @@ def test_working_set_refusals(store, tmp_path) -> None:
         ws.ensure(put(store, tmp_path, 8, rank=16))
     with pytest.raises(WrongBaseModel, match="fingerprint"):
         ws.ensure(put(store, tmp_path, 9, fp=OTHER_FP))
-    missing = AdapterRef("acme", "p", 5, "sha256:" + "9" * 64,
-                         store.uri_for("acme", "p", "sha256:" + "9" * 64))  # fmt: skip
+    missing = Resolved(
+        "acme", "p", 5, "sha256:" + "9" * 64, store.uri_for("acme", "p", "sha256:" + "9" * 64)
+    )
     with pytest.raises(AdapterMissing, match="not in the store"):
         ws.ensure(missing)
     bad = put(store, tmp_path, 10)
@@ -192,7 +249,7 @@ def test_working_set_refusals(store, tmp_path) -> None:
     weights.write_bytes(bytes(data))
     with pytest.raises(AdapterDigestMismatch, match="digest"):
         ws.ensure(bad)
-    lying = AdapterRef("acme", "p", 11, "sha256:" + "7" * 64, good.store_uri)
+    lying = Resolved("acme", "p", 11, "sha256:" + "7" * 64, good.store_uri)
     with pytest.raises(AdapterDigestMismatch, match="catalog says"):
         ws.ensure(lying)
     assert ws.ensure(good) and ws.counters.failures == 5

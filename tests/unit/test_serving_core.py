@@ -3,12 +3,14 @@ load request, loads run in order of waiting demand, and every request gets a res
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from catalog.exceptions import AliasNotFound
 from catalog.models import Resolved
+from catalog.refs import Ref
 from catalog.store import AdapterStore
 from schemas import make_event
 from schemas.events import (
@@ -20,23 +22,47 @@ from schemas.events import (
     LoadFailed,
     LoadRequested,
 )
+from workers.serving import answers as answers_module
+from workers.serving.admission import admit
 from workers.serving.core import ServingCore
 from workers.serving.engine import GenResult, GenSample
+from workers.serving.exceptions import EngineError
 from workers.serving.resolution import ResolutionCache
-from workers.serving.working_set import WorkingSet
 
-from .test_serving import FP, FakeEngine, put
+from .test_serving import FakeEngine, make_ws, put
 
 
 class GenEngine(FakeEngine):
+    """vLLM's generate and admit, faked: a word is a token (plus one for the BOS), and a batch
+    fails as a whole when one of its prompts says "poison" (as vLLM aborts an offline batch)."""
+
+    max_model_len = 32
+
     def __init__(self) -> None:
         super().__init__()
         self.batches: list[list[int]] = []
 
+    def admit(self, r):
+        return admit(r, prompt_tokens=len(r.prompt.split()) + 1, max_model_len=self.max_model_len)
+
     def generate(self, requests):
+        if any("poison" in r.prompt for r in requests):
+            raise EngineError("vLLM generate failed (ValueError: a poisoned prompt)")
         self.batches.append([r.lora.lora_id for r in requests])
-        return [GenResult([1, 2], [GenSample(f"out-{r.lora.lora_id}", [r.lora.lora_id % 97],
-                                             [], "length")]) for r in requests]  # fmt: skip
+        return [
+            GenResult(
+                [1, 2], [GenSample(f"out-{r.lora.lora_id}", [r.lora.lora_id % 97], [], "length")]
+            )
+            for r in requests
+        ]
+
+
+def answers_later(monkeypatch, seconds: float) -> None:
+    """The serving answers see the wall clock ``seconds`` ahead (its expires_at checks), as if
+    a load or a wave had taken that long."""
+    real = answers_module.datetime
+    later = staticmethod(lambda tz=None: real.now(tz) + timedelta(seconds=seconds))
+    monkeypatch.setattr(answers_module, "datetime", type("Later", (), {"now": later}))
 
 
 @pytest.fixture
@@ -44,10 +70,10 @@ def setup(tmp_path: Path):
     store = AdapterStore(tmp_path / "store")
     refs = {f"p{i}": put(store, tmp_path, i, policy=f"p{i}") for i in range(3)}
     engine = GenEngine()
-    ws = WorkingSet(engine, store, tmp_path / "cache", base_model_fingerprint=FP, max_loras=2,
-                    max_cpu_loras=2, max_disk_loras=10, max_lora_rank=8)  # fmt: skip
+    ws = make_ws(store, tmp_path, engine, max_cpu_loras=2)
 
-    def resolve(ref: str) -> Resolved:
+    def resolve(ref: Ref) -> Resolved:
+        ref = str(ref)  # the fake reads the rendered form
         path, _, target = ref.partition("@")
         policy = path.split("/")[1]
         if policy not in refs:
@@ -59,9 +85,13 @@ def setup(tmp_path: Path):
     return core, refs, engine
 
 
-def req(policy: str, rid: str):
-    return make_event(InferRequested(request_id=rid, prompt="hi", max_tokens=2), tenant="acme",
-                      policy=policy, producer="test")  # fmt: skip
+def req(policy: str, rid: str, prompt: str = "hi", tenant: str = "acme", max_tokens: int = 2, **kw):
+    return make_event(
+        InferRequested(request_id=rid, prompt=prompt, max_tokens=max_tokens, **kw),
+        tenant=tenant,
+        policy=policy,
+        producer="test",
+    )
 
 
 def test_cold_requests_wait_together_and_load_by_demand(setup) -> None:
@@ -102,8 +132,9 @@ def test_failed_load_fails_every_waiting_request(setup, tmp_path) -> None:
     loads = [e for e in out if isinstance(e.payload, LoadRequested)]
     results = core.on_load_requests(loads)
     failed = [e.payload for e in results if isinstance(e.payload, LoadFailed)]
-    errors = {e.payload.request_id: e.payload for e in results
-              if isinstance(e.payload, InferFailed)}  # fmt: skip
+    errors = {
+        e.payload.request_id: e.payload for e in results if isinstance(e.payload, InferFailed)
+    }
     assert len(failed) == 1 and "AdapterDigestMismatch" in failed[0].error
     assert set(errors) == {"a", "b"} and all(e.stage == "load" for e in errors.values())
     assert any(isinstance(e.payload, AdapterLoaded) for e in results)
@@ -116,9 +147,17 @@ def test_loads_are_addressed_to_the_engine_that_waits(setup) -> None:
     assert load.payload.engine_id == "e0"  # keyed by policy: lands where p0's requests land
     # Another engine's load for p1, which nothing here waits for (that engine lost the
     # partition; its requests, redelivered here, will ask again): not loaded here.
-    other = load.model_copy(update={"payload": load.payload.model_copy(update={
-        "engine_id": "e9", "adapter_digest": refs["p1"].digest,
-        "store_uri": refs["p1"].store_uri})})  # fmt: skip
+    other = load.model_copy(
+        update={
+            "payload": load.payload.model_copy(
+                update={
+                    "engine_id": "e9",
+                    "adapter_digest": refs["p1"].digest,
+                    "store_uri": refs["p1"].store_uri,
+                }
+            )
+        }
+    )
     out = core.on_load_requests([other, load])
     assert not core.ws.resident(refs["p1"].digest) and core.stats["loads_skipped"] == 1
     assert [type(e.payload).__name__ for e in out] == ["AdapterLoaded", "InferCompleted"]
@@ -139,17 +178,18 @@ def test_requests_of_revoked_partitions_are_dropped_not_answered(setup) -> None:
 def test_requests_past_their_deadline_are_answered_expired_not_run(setup, monkeypatch) -> None:
     # The gateway stamps expires_at (its answer timeout): once the caller has its 503, an engine
     # must not spend a cold load or a generation slot on the request, and still answer it.
-    from datetime import UTC, datetime, timedelta
-
-    from workers.serving import core as core_module
-
     core, refs, engine = setup
     now = datetime.now(UTC)
 
     def until(rid: str, policy: str, seconds: float):
         env = req(policy, rid)
-        return env.model_copy(update={"payload": env.payload.model_copy(
-            update={"expires_at": now + timedelta(seconds=seconds)})})  # fmt: skip
+        return env.model_copy(
+            update={
+                "payload": env.payload.model_copy(
+                    update={"expires_at": now + timedelta(seconds=seconds)}
+                )
+            }
+        )
 
     (gone,) = core.on_infer(until("late", "p0", -1))  # expired on arrival: no load for it
     assert isinstance(gone.payload, InferFailed) and gone.payload.stage == "expired"
@@ -157,9 +197,7 @@ def test_requests_past_their_deadline_are_answered_expired_not_run(setup, monkey
     loads = core.on_infer(until("soon", "p1", 30)) + core.on_infer(until("later", "p1", 300))
     assert [type(e.payload).__name__ for e in loads] == ["LoadRequested"]
     # The load takes 60 s (the clock moves): "soon" has expired by its wave, "later" has not.
-    real = core_module.datetime
-    monkeypatch.setattr(core_module, "datetime", type("Clock", (), {
-        "now": staticmethod(lambda tz=None: real.now(tz) + timedelta(seconds=60))}))  # fmt: skip
+    answers_later(monkeypatch, 60)
     out = core.on_load_requests(loads)
     answers = {e.payload.request_id: e.payload for e in out if e.type.startswith("infer.")}
     assert answers["soon"].stage == "expired" and isinstance(answers["later"], InferCompleted)

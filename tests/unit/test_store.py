@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -18,12 +19,15 @@ from catalog.exceptions import (
     AdapterRejected,
     AdapterShapeMismatch,
     BaseModelMismatch,
+    CatalogUnavailable,
     InvalidReference,
     NonFiniteWeights,
+    StoreUnavailable,
     UnsafeWeightsFormat,
 )
 from catalog.store import AdapterStore
 from schemas.names import in_namespace
+from streams.records import is_transient
 
 FP = "sha256:" + "a" * 64
 OTHER_FP = "sha256:" + "b" * 64
@@ -162,7 +166,7 @@ def test_failed_write_leaves_nothing_behind(store, tmp_path, monkeypatch):
         (
             lambda p: write_adapter(
                 p, targets=("q_proj", "k_proj", "v_proj"), tensor_targets=("q_proj", "v_proj")
-            ),  # fmt: skip
+            ),
             AdapterShapeMismatch,
             r"targets \['k_proj'\] but adapter_model.safetensors has no LoRA tensors",
         ),
@@ -187,7 +191,7 @@ def test_failed_write_leaves_nothing_behind(store, tmp_path, monkeypatch):
         "missing-target",
         "extra-target",
         "not-lora",
-    ],  # fmt: skip
+    ],
 )
 def test_bad_adapters_are_refused_with_their_message(store, tmp_path, make, error, match):
     src = tmp_path / "bad"
@@ -206,8 +210,12 @@ def test_base_model_mismatch_is_refused_on_read_and_on_child_write(store, tmp_pa
     with pytest.raises(BaseModelMismatch, match="trained on base model 'tiny' with fingerprint"):
         store.open(parent.uri, base_model_fingerprint=OTHER_FP)
     with pytest.raises(BaseModelMismatch, match="differs from the parent revision"):
-        put(store, write_adapter(tmp_path / "b", seed=2), parent=parent,
-            base_model_fingerprint=OTHER_FP)  # fmt: skip
+        put(
+            store,
+            write_adapter(tmp_path / "b", seed=2),
+            parent=parent,
+            base_model_fingerprint=OTHER_FP,
+        )
     child = put(store, write_adapter(tmp_path / "c", seed=3), parent=parent, parent_revision=1)
     assert child.manifest.parent_digest == parent.digest
     assert child.manifest.parent_revision == 1
@@ -292,13 +300,16 @@ def test_a_revision_opens_only_for_its_own_policy(store, tmp_path):
         store.open(copy.as_uri(), owner=("other", "math-rl"))
 
 
-@pytest.mark.parametrize(("uri", "tenant", "policy", "inside"), [
-    ("file:///store/acme/math-rl/adapters/x", "acme", "math-rl", True),
-    ("file:///store/xacme/math-rl/adapters/x", "acme", "math-rl", False),  # a longer name
-    ("file:///store/acme/math-rl", "acme", "math-rl", False),  # nothing below the namespace
-    ("file:///store/acme/math-rl/../other/x", "acme", "math-rl", False),  # traversal
-    ("s3://bucket/acme/math-rl/rollouts/r.jsonl", "acme", "math-rl", True),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("uri", "tenant", "policy", "inside"),
+    [
+        ("file:///store/acme/math-rl/adapters/x", "acme", "math-rl", True),
+        ("file:///store/xacme/math-rl/adapters/x", "acme", "math-rl", False),  # a longer name
+        ("file:///store/acme/math-rl", "acme", "math-rl", False),  # nothing below the namespace
+        ("file:///store/acme/math-rl/../other/x", "acme", "math-rl", False),  # traversal
+        ("s3://bucket/acme/math-rl/rollouts/r.jsonl", "acme", "math-rl", True),
+    ],
+)
 def test_namespace_is_compared_on_path_components(uri, tenant, policy, inside):
     assert in_namespace(uri, tenant, policy) is inside
 
@@ -322,3 +333,51 @@ def test_claim_checks_are_read_only_inside_the_root_and_the_owners_folder(store,
     bad.write_text("{not json\n")
     with pytest.raises(InvalidReference, match="line 1 is not JSON"):
         read_jsonl(store, bad.as_uri())
+
+
+# A store that is away (unmounted, hung or stale mount, full) is an outage the consumer loop
+# waits out, not a bad revision: it was dead-lettered as poison (issue 25, defect 10).
+@pytest.mark.parametrize(
+    ("error", "unavailable"),
+    [
+        (OSError(errno.EIO, "Input/output error"), True),
+        (OSError(errno.ENOTCONN, "Transport endpoint is not connected"), True),  # FUSE mount gone
+        (OSError(errno.ESTALE, "Stale file handle"), True),  # NFS
+        (TimeoutError(errno.ETIMEDOUT, "Connection timed out"), True),
+        (OSError(errno.ENOSPC, "No space left on device"), True),
+        (PermissionError(errno.EACCES, "Permission denied"), False),  # a setup fault: loud
+        (OSError(errno.EROFS, "Read-only file system"), False),
+    ],
+)
+def test_a_store_that_is_away_is_unavailable_not_a_bad_revision(
+    store, tmp_path, monkeypatch, error, unavailable
+):
+    stored = put(store, write_adapter(tmp_path / "a"))
+
+    def failing(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr("catalog.store.adapter_digest", failing)  # every read hashes the files
+    with pytest.raises(StoreUnavailable if unavailable else type(error)) as caught:
+        store.open(stored.uri)
+    assert is_transient(caught.value) is unavailable
+    if unavailable:
+        assert isinstance(caught.value, CatalogUnavailable) and caught.value.__cause__ is error
+        assert f"adapter store at {str(store.root)!r} is not reachable" in str(caught.value)
+    monkeypatch.setattr("catalog.store.shutil.copyfile", failing)
+    with pytest.raises(StoreUnavailable if unavailable else type(error)):
+        put(store, write_adapter(tmp_path / "b", seed=1))
+
+
+def test_a_missing_store_root_is_unavailable_a_missing_revision_is_not(store, tmp_path):
+    from catalog.claims import read_jsonl, write_jsonl
+
+    stored = put(store, write_adapter(tmp_path / "a"))
+    uri = write_jsonl(store, "acme", "math-rl", "data", "sft", [{"prompt": "a"}])
+    with pytest.raises(AdapterNotFound):  # the root is there: this revision is not
+        store.get("acme", "math-rl", "sha256:" + "c" * 64)
+    shutil.rmtree(store.root)  # unmounted
+    with pytest.raises(StoreUnavailable, match="is not there to open a revision"):
+        store.open(stored.uri)
+    with pytest.raises(StoreUnavailable, match="not reachable to read a claim check"):
+        read_jsonl(store, uri, owner=("acme", "math-rl"))

@@ -20,16 +20,29 @@ from schemas.events import DeadLetter
 from schemas.examples import example_payload
 from schemas.settings import MintSettings
 from streams import TOPICS, RetryPolicy, StreamsError, TopicError, topic_for, topic_for_type
-from streams.consumer import MembershipWatch, RecordLoop, commit_offsets, dead_letter
 from streams.exceptions import OutOfGroup
+from streams.records import MembershipWatch, RecordLoop, commit_offsets, dead_letter
 from streams.replay import Window, fresh_group, load_processor
 
 SETTINGS = MintSettings(topic_prefix="unit")
 
 
 def _record(value: bytes | None, headers=None, offset: int = 7) -> ConsumerRecord:
-    return ConsumerRecord("unit.serving.commands", 2, -1, offset, 0, 0, b"acme/p", value,
-                          headers or [], None, 6, len(value or b""), 0)  # fmt: skip
+    return ConsumerRecord(
+        "unit.serving.commands",
+        2,
+        -1,
+        offset,
+        0,
+        0,
+        b"acme/p",
+        value,
+        headers or [],
+        None,
+        6,
+        len(value or b""),
+        0,
+    )
 
 
 def _promote_bytes(revision: int = 1) -> bytes:
@@ -70,7 +83,11 @@ def test_dead_letter_keeps_bytes_and_replaces_old_reason_headers() -> None:
     assert [v for k, v in headers if k == "mint.dlq.reason"] == [b"undecodable"]
     letter = DeadLetter.from_headers(headers)
     assert (letter.topic, letter.partition, letter.offset, letter.group) == (
-        "unit.serving.commands", 2, 7, "g")  # fmt: skip
+        "unit.serving.commands",
+        2,
+        7,
+        "g",
+    )
     assert letter.error.startswith("ValueError: x") and len(letter.error) <= 4000
 
 
@@ -87,8 +104,9 @@ class _RecordingProducer:
 
 def _loop(handler, attempts: int = 3) -> tuple[RecordLoop, _RecordingProducer]:
     producer = _RecordingProducer()
-    loop = RecordLoop(SETTINGS, "g", handler, RetryPolicy(attempts, 0.001, 0.001), producer,
-                 threading.Event())  # type: ignore[arg-type]  # fmt: skip
+    loop = RecordLoop(
+        SETTINGS, "g", handler, RetryPolicy(attempts, 0.001, 0.001), producer, threading.Event()
+    )  # type: ignore[arg-type]
     return loop, producer
 
 
@@ -124,8 +142,10 @@ def test_a_transient_failure_is_retried_then_handled() -> None:
     assert producer.sent == [] and loop.stats.handled == 1 and loop.stats.retries == 1
 
 
-@pytest.mark.parametrize("error", [ConnectionError("Cassandra down"), TimeoutError("slow"),
-                                   KafkaTimeoutError("broker away")])  # fmt: skip
+@pytest.mark.parametrize(
+    "error",
+    [ConnectionError("Cassandra down"), TimeoutError("slow"), KafkaTimeoutError("broker away")],
+)
 def test_an_outage_longer_than_the_attempts_is_waited_out_never_dead_lettered(error) -> None:
     failures = [error] * 12  # three times max_attempts
 
@@ -151,9 +171,15 @@ class _CommitOnce:
         self.committed.append({tp: meta.offset for tp, meta in offsets.items()})
 
 
-@pytest.mark.parametrize("error", [KafkaConnectionError("111 ECONNREFUSED"),
-                                   KafkaTimeoutError("broker away"), CommitFailedError("moved"),
-                                   RebalanceInProgressError("rejoining")])  # fmt: skip
+@pytest.mark.parametrize(
+    "error",
+    [
+        KafkaConnectionError("111 ECONNREFUSED"),
+        KafkaTimeoutError("broker away"),
+        CommitFailedError("moved"),
+        RebalanceInProgressError("rejoining"),
+    ],
+)
 def test_a_commit_lost_to_an_outage_or_rebalance_is_retried_not_raised(error) -> None:
     # A broker killed while an engine commits must not kill the engine (it did, in the fault
     # injection run): the commit reports failure and the next poll's commit tries again.
@@ -236,7 +262,7 @@ def test_window_counts_and_rows() -> None:
         ("nocolon", "module:factory"),
         ("no.such.module:f", "cannot load"),
         ("streams.replay:nope", "cannot load"),
-    ],  # fmt: skip
+    ],
 )
 def test_load_processor_errors(spec: str, match: str) -> None:
     with pytest.raises(StreamsError, match=match):
@@ -253,3 +279,96 @@ def test_kafka_python_checks_crcs_with_the_c_crc32c() -> None:
     from kafka.record import util
 
     assert util.crc32c_c is not None and util._crc32c is util.crc32c_c
+
+
+def _validation_error() -> Exception:
+    from pydantic import BaseModel, ValidationError
+
+    class Temperature(BaseModel):
+        value: float
+
+    try:
+        Temperature(value="hot")  # type: ignore[arg-type]
+    except ValidationError as e:
+        return e
+    raise AssertionError("pydantic accepted 'hot' as a float")
+
+
+def _refusals() -> list[Exception]:
+    from catalog.exceptions import (
+        CatalogRefused,
+        CatalogUnauthorized,
+        CrossTenantReference,
+        InvalidReference,
+    )
+    from streams.exceptions import Refused
+
+    return [
+        Refused("prompt is 20000 tokens, max_model_len is 256"),
+        ValueError("temperature 5 is above 2"),
+        _validation_error(),
+        PermissionError("acme may not read beta's adapter"),
+        CrossTenantReference("store URI lies outside acme/p's folder"),
+        InvalidReference("digest is not sha256:<64 hex>"),
+        CatalogRefused("Cassandra refused: unconfigured table worker_state"),
+        CatalogUnauthorized("User trainer has no MODIFY permission"),
+    ]
+
+
+@pytest.mark.parametrize("error", _refusals(), ids=lambda e: type(e).__name__)
+def test_a_refused_record_is_dead_lettered_at_once_with_its_reason(error) -> None:
+    """A rule the record breaks fails the same way on every attempt: it goes to the dead-letter
+    topic on the first one, reason "refused", its error in the headers (issue 25, defect 11),
+    and the records behind it are not held up by retries."""
+    calls = []
+
+    def handler(env, rec) -> None:
+        calls.append(rec.offset)
+        raise error
+
+    loop, producer = _loop(handler, attempts=5)
+    loop.process(_record(_promote_bytes()))
+    letter = DeadLetter.from_headers(producer.sent[0][3])
+    assert calls == [7] and loop.stats.retries == 0 and loop.stats.transient_retries == 0
+    assert letter.reason == "refused" and letter.attempts == 1
+    assert letter.error.startswith(f"{type(error).__name__}: ") and str(error)[:40] in letter.error
+    assert loop.stats.reasons == {"refused": 1}
+
+
+def _unknown_and_transient() -> list[tuple[Exception, str]]:
+    from catalog.exceptions import (
+        CatalogUnavailable,
+        PolicyNotFound,
+        RegistrationInProgress,
+        StoreUnavailable,
+    )
+
+    return [
+        (RuntimeError("CUDA error: an illegal memory access"), "unknown"),
+        (PolicyNotFound("acme/p is not projected yet"), "unknown"),  # may come in a moment
+        (RegistrationInProgress("claimed by another registrant: retry"), "unknown"),
+        (CatalogUnavailable("Cassandra did not answer"), "transient"),
+        (StoreUnavailable("the adapter store is not reachable (EIO)"), "transient"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    _unknown_and_transient(),
+    ids=lambda x: type(x).__name__ if isinstance(x, Exception) else x,
+)
+def test_unknown_errors_get_the_bounded_retries_and_outages_are_waited_out(error, kind) -> None:
+    failures = [error] * 6  # more than max_attempts
+
+    def handler(env, rec) -> None:
+        if failures:
+            raise failures.pop()
+
+    loop, producer = _loop(handler, attempts=3)
+    loop.process(_record(_promote_bytes()))
+    if kind == "unknown":
+        letter = DeadLetter.from_headers(producer.sent[0][3])
+        assert letter.reason == "handler_failed" and letter.attempts == 3
+    else:  # never dead-lettered: handled once the outage passed
+        assert producer.sent == [] and loop.stats.handled == 1
+        assert loop.stats.transient_retries == 6

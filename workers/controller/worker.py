@@ -13,7 +13,7 @@ policy's events reach one controller instance. Per event, in this order:
 
 A crash anywhere re-delivers the event; the saved state recognises it and re-emits its outputs
 with the same ids. Cassandra or the broker being away is transient: the loop retries it for as
-long as it lasts (``streams.consumer``), never dead-letters it, and never drops a command.
+long as it lasts (``streams.group``), never dead-letters it, and never drops a command.
 
 (It ran as a faust agent before; faust-streaming 0.15.3 stalled for good after a kill -9 and
 restart in 3 of 5 runs here, see README "Reliability".)
@@ -36,21 +36,35 @@ from schemas.events import AliasMoved, PromoteCommand, RollbackCommand
 from schemas.logs import configure_logging
 from schemas.settings import MintSettings, get_settings
 from streams import health
-from streams.consumer import ConsumerStats, run_consumer, stop_on_signals
+from streams.group import run_consumer
 from streams.producer import EventProducer
-from workers.controller.logic import PRODUCER, Controller, Refusal
+from streams.records import ConsumerStats, stop_on_signals
+from workers.controller.logic import (
+    CONFIGS_STATE,
+    LIFECYCLE_STATE,
+    PRODUCER,
+    Controller,
+    Refusal,
+)
 from workers.projector.main import check_schema
 
 log = structlog.get_logger()
 
 CONTROLLER_GROUP = "controller"
 # Everything the controller reacts to; all keyed by policy.
-SOURCE_TOPICS = ("policy.config", "export.events", "eval.requests", "eval.results",
-                 "serving.commands", "serving.events")  # fmt: skip
+SOURCE_TOPICS = (
+    "policy.config",
+    "export.events",
+    "eval.requests",
+    "eval.results",
+    "serving.commands",
+    "serving.events",
+)
 
 
-def execute(repo: CatalogRepository, cmd: Envelope[Any]) -> tuple[Envelope[AliasMoved] | None,
-                                                                 Refusal | None]:  # fmt: skip
+def execute(
+    repo: CatalogRepository, cmd: Envelope[Any]
+) -> tuple[Envelope[AliasMoved] | None, Refusal | None]:
     """(alias.moved, None) when carried out, (None, refusal) when the catalog refuses it.
     CatalogUnavailable propagates: the loop retries it, the command is never dropped."""
     try:
@@ -77,8 +91,10 @@ def run_controller(
     try:
         check_schema(session, settings.keyspace)
         repo = CatalogRepository(session, settings.keyspace)
-        controller = Controller(StateTable(session, settings.keyspace, "controller.configs"),
-                                StateTable(session, settings.keyspace, "controller.lifecycle"))  # fmt: skip
+        controller = Controller(
+            StateTable(session, settings.keyspace, CONFIGS_STATE),
+            StateTable(session, settings.keyspace, LIFECYCLE_STATE),
+        )
 
         def handle(env: Envelope[Any], record) -> None:
             moved = refusal = None
@@ -91,10 +107,16 @@ def run_controller(
                 log.info("transition", type=e.type, policy=e.policy_id, cause=str(e.causation_id))
 
         consumer_options.setdefault("auto_offset_reset", "earliest")
-        return run_consumer(settings, SOURCE_TOPICS,
-                            group_id or f"{settings.topic_prefix}-{CONTROLLER_GROUP}", handle,
-                            stop=stop, idle_timeout_s=idle_timeout_s, producer=producer,
-                            **consumer_options)  # fmt: skip
+        return run_consumer(
+            settings,
+            SOURCE_TOPICS,
+            group_id or f"{settings.topic_prefix}-{CONTROLLER_GROUP}",
+            handle,
+            stop=stop,
+            idle_timeout_s=idle_timeout_s,
+            producer=producer,
+            **consumer_options,
+        )
     finally:
         producer.close()
         cluster.shutdown()

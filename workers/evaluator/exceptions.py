@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from schemas.exceptions import MintError
 
-class EvaluatorError(Exception):
+
+class EvaluatorError(MintError):
     """Base of every evaluator error."""
 
 

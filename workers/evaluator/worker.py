@@ -2,7 +2,8 @@
 
 ``run_evaluator_worker``: the streams consumer loop over ``eval.requests`` (group
 ``<prefix>-evaluator``); a request that fails twice (unknown suite, unresolvable revision, failed
-load) goes to the dead-letter topic.
+load) goes to the dead-letter topic. A request for a suite not configured for its policy is
+answered at once: ``eval.completed`` with ``refused`` (EvaluatorCore.run).
 
 ``EngineHost``: ONE vLLM engine (vLLM's generate is not re-entrant, and a small machine holds one
 engine) driven by one thread that interleaves the serving worker's step, rollout requests and
@@ -16,53 +17,42 @@ a redelivered request whose result is already published (streams.answered).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import structlog
 
 from schemas.settings import MintSettings
-from streams.consumer import ConsumerLoop, RetryPolicy, hold_all, run_consumer
+from streams.group import ConsumerLoop, hold_all
 from streams.producer import EventProducer
+from streams.records import ConsumerStats
 from workers.evaluator.core import EvaluatorCore
+from workers.serving.lanes import EVALUATION, ROLLOUT, lane_loop, run_lane
 from workers.serving.worker import run_steps
 
 log = structlog.get_logger()
 
 
-def evaluator_group(settings: MintSettings) -> str:
-    return f"{settings.topic_prefix}-evaluator"
-
-
 def run_evaluator_worker(
-    settings: MintSettings,
-    core: EvaluatorCore,
-    *,
-    stop: threading.Event | None = None,
-    idle_timeout_s: float | None = None,
-    max_records: int | None = None,
-):
-    producer = EventProducer(settings, client_id=core.producer_name)
-
-    def handle(env, _record) -> None:
-        if env.type == "eval.requested":
-            producer.publish(core.run(env))
-
-    try:
-        return run_consumer(settings, ["eval.requests"], evaluator_group(settings), handle,
-                            stop=stop, idle_timeout_s=idle_timeout_s, max_records=max_records,
-                            producer=producer, answers={"eval.requests": "eval.results"},
-                            retry=RetryPolicy(max_attempts=2, backoff_s=0.1))  # fmt: skip
-    finally:
-        producer.close()
+    settings: MintSettings, core: EvaluatorCore, **options: Any
+) -> ConsumerStats:
+    """Consume evaluation requests (group ``<prefix>-evaluator``) until stopped
+    (workers.serving.lanes: ``stop``, ``idle_timeout_s``, ``max_records``)."""
+    return run_lane(settings, EVALUATION, core, **options)
 
 
 class EngineHost:
     """Serving, rollout and evaluation on one engine, in one thread."""
 
-    def __init__(self, settings: MintSettings, *, serving: Any = None, rollout: Any = None,
-                 evaluator: EvaluatorCore | None = None, engine_id: str = "engine-0",
-                 stop: threading.Event | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        settings: MintSettings,
+        *,
+        serving: Any = None,
+        rollout: Any = None,
+        evaluator: EvaluatorCore | None = None,
+        engine_id: str = "engine-0",
+        stop: threading.Event | None = None,
+    ) -> None:
         self.settings, self.serving = settings, serving
         self.stop = stop or (serving.stop if serving is not None else threading.Event())
         self.producer = EventProducer(settings, client_id=f"host-{engine_id}")
@@ -74,28 +64,24 @@ class EngineHost:
         if serving is not None:
             serving.peers = self.lanes  # an outage in any loop pauses every loop of the thread
         try:
-            if rollout is not None:
-                self._lane("rollout.requests", "rollout.results", f"{settings.topic_prefix}-rollout",
-                           "rollout.requested", rollout.run, loops)  # fmt: skip
-            if evaluator is not None:
-                self._lane("eval.requests", "eval.results", evaluator_group(settings),
-                           "eval.requested", evaluator.run, loops)  # fmt: skip
+            for lane, core in ((ROLLOUT, rollout), (EVALUATION, evaluator)):
+                if core is not None:
+                    self.lanes.append(
+                        lane_loop(
+                            settings,
+                            lane,
+                            core,
+                            self.producer,
+                            stop=self.stop,
+                            keepalive=hold_all(loops),
+                            # Generating can outlast kafka-python's default poll interval on a
+                            # busy CPU.
+                            max_poll_interval_ms=30 * 60 * 1000,
+                        )
+                    )
         except BaseException:
             self.close()
             raise
-
-    def _lane(self, topic: str, results: str, group: str, event_type: str,
-              run: Callable[[Any], Any], loops: Callable[[], list]) -> None:  # fmt: skip
-        def handle(env, _record) -> None:
-            if env.type == event_type:
-                self.producer.publish(run(env))
-
-        # Generating can outlast kafka-python's default poll interval on a busy CPU.
-        self.lanes.append(ConsumerLoop(
-            self.settings, [topic], group, handle, stop=self.stop, producer=self.producer,
-            retry=RetryPolicy(max_attempts=2, backoff_s=0.1), keepalive=hold_all(loops),
-            answers={topic: results},  # a redelivered request that was answered: skipped
-            max_poll_interval_ms=30 * 60 * 1000))  # fmt: skip
 
     def step(self) -> int:
         n = self.serving.step(timeout_ms=50) if self.serving is not None else 0
@@ -105,8 +91,11 @@ class EngineHost:
 
     def run(self, idle_timeout_s: float | None = None):
         """Step until ``stop`` is set, or nothing arrived for ``idle_timeout_s``."""
-        log.info("engine host started", lanes=[lane.group_id for lane in self.lanes],
-                 serving=self.serving is not None)  # fmt: skip
+        log.info(
+            "engine host started",
+            lanes=[lane.group_id for lane in self.lanes],
+            serving=self.serving is not None,
+        )
         try:
             run_steps(self.step, self.stop, idle_timeout_s)
         finally:

@@ -8,5 +8,14 @@ from workers.models.pretrained import PRETRAINED, fetch, list_fetched
 from workers.models.tiny import ARCHS, SIZES, TinySpec, build_tiny, tiny_config
 from workers.models.tokenizer import train_tokenizer
 
-__all__ = ["ARCHS", "PRETRAINED", "SIZES", "TinySpec", "build_tiny", "fetch", "list_fetched",
-           "tiny_config", "train_tokenizer"]  # fmt: skip
+__all__ = [
+    "ARCHS",
+    "PRETRAINED",
+    "SIZES",
+    "TinySpec",
+    "build_tiny",
+    "fetch",
+    "list_fetched",
+    "tiny_config",
+    "train_tokenizer",
+]

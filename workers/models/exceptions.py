@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from schemas.exceptions import MintError
 
-class ModelError(Exception):
+
+class ModelError(MintError):
     """Base of model-building errors."""
 
 

@@ -108,8 +108,14 @@ def default_folder(models_dir: Path, name: str, dtype: Dtype) -> Path:
     return Path(models_dir) / (name if dtype == "float32" else f"{name}-{dtype}")
 
 
-def fetch(name: str, models_dir: Path, *, out: Path | None = None, dtype: Dtype = "float32",
-          force: bool = False) -> Path:  # fmt: skip
+def fetch(
+    name: str,
+    models_dir: Path,
+    *,
+    out: Path | None = None,
+    dtype: Dtype = "float32",
+    force: bool = False,
+) -> Path:
     """Convert ``name`` into a transformers folder once; later calls return the same folder.
 
     Idempotent: an existing folder whose manifest names the same GGUF digest and dtype is kept.
@@ -150,13 +156,20 @@ def fetch(name: str, models_dir: Path, *, out: Path | None = None, dtype: Dtype 
 
         st = gguf.stat()
         manifest = {
-            "name": name, "source_package": src.package,
-            "source_version": metadata.version(src.package), "source_file": src.filename,
-            "gguf_sha256": digest, "gguf_size": st.st_size, "gguf_mtime": int(st.st_mtime),
-            "licence": src.licence, "origin": src.origin, "dtype": dtype, "parameters": params,
+            "name": name,
+            "source_package": src.package,
+            "source_version": metadata.version(src.package),
+            "source_file": src.filename,
+            "gguf_sha256": digest,
+            "gguf_size": st.st_size,
+            "gguf_mtime": int(st.st_mtime),
+            "licence": src.licence,
+            "origin": src.origin,
+            "dtype": dtype,
+            "parameters": params,
             "base_model_fingerprint": model_fingerprint(tmp),
             "converted_seconds": round(time.perf_counter() - t0, 1),
-        }  # fmt: skip
+        }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         if folder.exists():
             shutil.rmtree(folder)
@@ -189,8 +202,9 @@ def _convert(gguf: Path, out: Path, dtype: Dtype) -> int:
     torch_dtype = getattr(torch, dtype)
     try:
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        quant = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                     dtype=torch_dtype)  # fmt: skip
+        quant = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch_dtype
+        )
     except Exception as e:
         raise ModelFetchError(
             f"transformers could not read {gguf} ({type(e).__name__}: {e}); the file may be "
@@ -206,8 +220,9 @@ def _convert(gguf: Path, out: Path, dtype: Dtype) -> int:
     missing, unexpected = model.load_state_dict(quant.state_dict(), strict=False)
     tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
     if set(missing) - tied or unexpected:
-        raise ModelFetchError(f"converted weights do not fit: missing {missing}, unexpected "
-                              f"{unexpected}")  # fmt: skip
+        raise ModelFetchError(
+            f"converted weights do not fit: missing {missing}, unexpected {unexpected}"
+        )
     model.tie_weights()
     model.generation_config = quant.generation_config
     model.save_pretrained(out, safe_serialization=True)

@@ -40,77 +40,38 @@ PARAM_LIMITS = {"test": 20_000_000, "small": 700_000_000}
 # the tokenizer is trained to at most this many tokens and the embedding rows above it stay unused.
 _TOKENIZER_VOCAB = {"test": 2048, "small": 8192}
 
-_COMMON: dict[str, dict[str, Any]] = {
-    "test": dict(
-        vocab_size=2048,
-        hidden_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=2048,
-    ),
-    "small": dict(
-        vocab_size=32000,
-        hidden_size=1024,
-        num_attention_heads=16,
-        num_key_value_heads=16,
-        head_dim=64,
-        max_position_embeddings=4096,
-    ),
-}
-
-_ARCH: dict[tuple[str, str], dict[str, Any]] = {
-    ("llama", "test"): dict(intermediate_size=384),
-    ("llama", "small"): dict(num_hidden_layers=28, intermediate_size=3584),
-    ("qwen3-moe", "test"): dict(
-        intermediate_size=256,
-        moe_intermediate_size=64,
-        num_experts=4,
-        num_experts_per_tok=2,
-        norm_topk_prob=True,
-    ),  # fmt: skip
-    ("qwen3-moe", "small"): dict(
-        num_hidden_layers=16,
-        num_key_value_heads=4,
-        intermediate_size=2816,
-        moe_intermediate_size=512,
-        num_experts=16,
-        num_experts_per_tok=4,
-        norm_topk_prob=True,
-    ),  # fmt: skip
-    ("deepseek-v3", "test"): dict(
-        num_key_value_heads=4,
-        intermediate_size=256,
-        moe_intermediate_size=64,
-        n_routed_experts=4,
+# Each field: one value for both sizes, or (test, small).
+_COMMON: dict[str, Any] = dict(
+    vocab_size=(2048, 32000),
+    hidden_size=(128, 1024),
+    num_attention_heads=(4, 16),
+    num_key_value_heads=(2, 16),
+    head_dim=(32, 64),
+    max_position_embeddings=(2048, 4096),
+)
+_MOE: dict[str, Any] = dict(  # the dimensions both MoE models share
+    num_hidden_layers=(2, 16),
+    intermediate_size=(256, 2816),
+    moe_intermediate_size=(64, 512),
+    num_experts_per_tok=(2, 4),
+)
+_ARCH: dict[str, dict[str, Any]] = {
+    "llama": dict(num_hidden_layers=(2, 28), intermediate_size=(384, 3584)),
+    "qwen3-moe": dict(_MOE, num_key_value_heads=(2, 4), num_experts=(4, 16), norm_topk_prob=True),
+    "deepseek-v3": dict(
+        _MOE,
+        num_key_value_heads=(4, 16),
+        n_routed_experts=(4, 16),
         n_shared_experts=1,
-        num_experts_per_tok=2,
         n_group=1,
         topk_group=1,
         first_k_dense_replace=1,
-        q_lora_rank=64,
-        kv_lora_rank=32,
-        qk_rope_head_dim=16,
-        qk_nope_head_dim=16,
-        v_head_dim=16,
-    ),  # fmt: skip
-    ("deepseek-v3", "small"): dict(
-        num_hidden_layers=16,
-        intermediate_size=2816,
-        moe_intermediate_size=512,
-        n_routed_experts=16,
-        n_shared_experts=1,
-        num_experts_per_tok=4,
-        n_group=1,
-        topk_group=1,
-        first_k_dense_replace=1,
-        q_lora_rank=384,
-        kv_lora_rank=256,
-        qk_rope_head_dim=32,
-        qk_nope_head_dim=64,
-        v_head_dim=64,
-    ),  # fmt: skip
+        q_lora_rank=(64, 384),
+        kv_lora_rank=(32, 256),
+        qk_rope_head_dim=(16, 32),
+        qk_nope_head_dim=(16, 64),
+        v_head_dim=(16, 64),
+    ),
 }
 
 # DeepSeek-V3.2: V3's MLA + MoE plus DSA, a lightning indexer per layer (its own projections
@@ -119,12 +80,15 @@ _ARCH: dict[tuple[str, str], dict[str, Any]] = {
 # score is Σ_h w_h·relu(q_h·k): with 4 heads, random weights scored whole keys exactly 0 often
 # enough that top-k broke ties differently in the plain and the cached forward (4 of 48 GRPO
 # log-probs off by 0.13); 16 heads make an all-zero key rare.
-_DSA = {
-    "test": dict(index_topk=4, index_n_heads=16, index_head_dim=32),
-    "small": dict(index_topk=256, index_n_heads=16, index_head_dim=64),
-}
-for _size, _dsa in _DSA.items():
-    _ARCH[("deepseek-v32", _size)] = {**_ARCH[("deepseek-v3", _size)], **_dsa}
+_ARCH["deepseek-v32"] = dict(
+    _ARCH["deepseek-v3"], index_topk=(4, 256), index_n_heads=16, index_head_dim=(32, 64)
+)
+
+
+def _sized(fields: dict[str, Any], size: str) -> dict[str, Any]:
+    """``fields`` with each (test, small) pair resolved to ``size``'s value."""
+    return {k: v[SIZES.index(size)] if isinstance(v, tuple) else v for k, v in fields.items()}
+
 
 _CONFIG_CLASS = {
     "llama": LlamaConfig,
@@ -154,7 +118,7 @@ def tiny_dtype(spec: TinySpec) -> torch.dtype:
 
 def tiny_config(spec: TinySpec):
     """The transformers config of a tiny model (no weights)."""
-    kwargs = {**_COMMON[spec.size], **_ARCH[(spec.arch, spec.size)]}
+    kwargs = _sized({**_COMMON, **_ARCH[spec.arch]}, spec.size)
     if spec.arch in ("deepseek-v3", "deepseek-v32"):
         kwargs.pop("head_dim")  # MLA derives head sizes from the qk/v dims
     return _CONFIG_CLASS[spec.arch](

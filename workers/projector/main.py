@@ -3,6 +3,9 @@
 Safe under redelivery and restarts: ``catalog.projection.apply_event`` is idempotent on the event
 id, and the loop commits an offset only after the event was applied (or dead-lettered: an event
 the catalog refuses, e.g. an export numbered out of order, lands on the DLQ with the message).
+With ``parallel_keys`` (``--parallel``) each policy's records of a poll go to
+``apply_events`` at once (its consecutive exports: one lightweight transaction), policies on
+parallel threads; a run the catalog refuses part of is applied again one event at a time.
 """
 
 from __future__ import annotations
@@ -17,13 +20,14 @@ from cassandra.cluster import Session
 from catalog.cluster import connect
 from catalog.exceptions import MigrationError
 from catalog.migrate import applied_versions, load_migrations, migrate
-from catalog.projection import Outcome, apply_event
+from catalog.projection import Outcome, apply_event, apply_events
 from catalog.repository import CatalogRepository
 from schemas.logs import configure_logging
 from schemas.settings import MintSettings, get_settings
 from streams import health
-from streams.consumer import ConsumerStats, RetryPolicy, run_consumer, stop_on_signals
+from streams.group import run_consumer
 from streams.producer import EventProducer
+from streams.records import ConsumerStats, RetryPolicy, stop_on_signals
 from streams.topics import POLICY_STATE, topic_for
 from workers.projector import metrics as projector_metrics
 
@@ -74,7 +78,14 @@ def run_projector(
         outcomes: Counter[str] = Counter()  # += of a Counter key: one bytecode op per thread
 
         def handle(env, record) -> None:
-            outcome = apply_event(repo, env)
+            projected(env, record, apply_event(repo, env))
+
+        def handle_run(pairs) -> None:
+            done = apply_events(repo, [env for env, _ in pairs])
+            for (env, record), outcome in zip(pairs, done, strict=True):
+                projected(env, record, outcome)
+
+        def projected(env, record, outcome: Outcome) -> None:
             outcomes.update((outcome.value,))
             projector_metrics.EVENTS.labels(env.type, outcome.value).inc()
             if outcome is Outcome.APPLIED and env.type == "alias.moved":
@@ -84,14 +95,22 @@ def run_projector(
                 # from one read of it.
                 key = f"{env.policy_id}@{env.payload.alias}".encode()
                 producer.send_raw(state_topic, record.value, key)
-            log.debug("projected", outcome=outcome.value, topic=record.topic,
-                      offset=record.offset)  # fmt: skip
+            log.debug("projected", outcome=outcome.value, topic=record.topic, offset=record.offset)
 
         consumer_options.setdefault("auto_offset_reset", "earliest")
+        if consumer_options.get("parallel_keys", 1) > 1:
+            consumer_options["run_handler"] = handle_run
         stats = run_consumer(
-            settings, PROJECTOR_TOPICS, group_id, handle, stop=stop, retry=retry,
-            idle_timeout_s=idle_timeout_s, max_records=max_records, **consumer_options,
-        )  # fmt: skip
+            settings,
+            PROJECTOR_TOPICS,
+            group_id,
+            handle,
+            stop=stop,
+            retry=retry,
+            idle_timeout_s=idle_timeout_s,
+            max_records=max_records,
+            **consumer_options,
+        )
         log.info("projector stopped", keyspace=settings.keyspace, **outcomes)
         producer.close()
         return stats
@@ -118,8 +137,13 @@ def main(auto_migrate: bool = False, parallel: int = 16) -> None:
     # The group carries the topic prefix: deployments (and test runs) sharing a broker never
     # share a consumer group, so one never waits on another's rebalance.
     # Registrations wait on compare-and-set round trips: different policies overlap them.
-    run_projector(settings, stop=stop, auto_migrate=auto_migrate, parallel_keys=parallel,
-                  group_id=f"{settings.topic_prefix}-{PROJECTOR_GROUP}")  # fmt: skip
+    run_projector(
+        settings,
+        stop=stop,
+        auto_migrate=auto_migrate,
+        parallel_keys=parallel,
+        group_id=f"{settings.topic_prefix}-{PROJECTOR_GROUP}",
+    )
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from prometheus_client import Counter
 
-EVENTS = Counter("mint_projector_events", "events projected into the catalog",
-                 ["type", "outcome"])  # fmt: skip
-ALIAS_MOVES = Counter("mint_projector_alias_moves",
-                      "alias moves applied to the catalog and published to policy.state", ["cause"])  # fmt: skip
+EVENTS = Counter("mint_projector_events", "events projected into the catalog", ["type", "outcome"])
+ALIAS_MOVES = Counter(
+    "mint_projector_alias_moves",
+    "alias moves applied to the catalog and published to policy.state",
+    ["cause"],
+)

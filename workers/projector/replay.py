@@ -1,4 +1,5 @@
-"""Read the catalog's event log from the start (for a rebuild), without a consumer group.
+"""Read the catalog's event log from the start (for a rebuild), without a consumer group
+(a ``streams.follower.Follower``).
 
 Topics are read one after the other, each up to the end offsets seen when reading starts: all
 exports before any alias move, which is a valid order because an alias can only point at a
@@ -13,12 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
-from kafka import TopicPartition
 
 from schemas import Envelope, decode_event
 from schemas.exceptions import SchemaError
 from schemas.settings import MintSettings
-from streams.clients import make_consumer
+from streams.follower import Follower
 from streams.topics import topic_for
 
 log = structlog.get_logger()
@@ -38,37 +38,21 @@ def read_log(
     poll_timeout_ms: int = 500,
 ) -> Iterator[Envelope[Any]]:
     stats = stats if stats is not None else LogStats()
-    consumer = make_consumer(settings, enable_auto_commit=False, isolation_level="read_committed")
-    try:
+    with Follower(settings, client_id="catalog-rebuild") as follower:
         for name in topics:
             topic = topic_for(settings, name)
-            parts = consumer.partitions_for_topic(topic) or set()
-            tps = [TopicPartition(topic, p) for p in sorted(parts)]
+            tps = follower.partitions(topic)
             if not tps:
                 log.warning("replay: topic has no partitions (missing?)", topic=topic)
                 continue
-            end = consumer.end_offsets(tps)
-            pending = {tp for tp in tps if end[tp] > 0}
-            consumer.assign(tps)
-            consumer.seek_to_beginning(*tps)
-            while pending:
-                batches = consumer.poll(timeout_ms=poll_timeout_ms)
-                for tp, records in batches.items():
-                    for rec in records:
-                        if rec.offset >= end[tp]:
-                            break
-                        stats.records += 1
-                        stats.per_topic[name] = stats.per_topic.get(name, 0) + 1
-                        try:
-                            env = decode_event(rec.value)
-                        except SchemaError:
-                            stats.undecodable += 1
-                            continue
-                        yield env
-                for tp in list(pending):
-                    # position() also steps over transaction markers at the end.
-                    if consumer.position(tp) >= end[tp]:
-                        pending.discard(tp)
-                        consumer.pause(tp)
-    finally:
-        consumer.close(autocommit=False)
+            follower.assign(tps, "beginning")
+            for records in follower.read_to(timeout_ms=poll_timeout_ms):  # to today's end
+                for rec in records:
+                    stats.records += 1
+                    stats.per_topic[name] = stats.per_topic.get(name, 0) + 1
+                    try:
+                        env = decode_event(rec.value)
+                    except SchemaError:
+                        stats.undecodable += 1
+                        continue
+                    yield env

@@ -13,11 +13,10 @@ from workers.serving.rewards import REWARDS, get_reward, register
 from workers.serving.rollout import RolloutCore, run_rollout_worker
 from workers.serving.scheduler import DemandScheduler
 from workers.serving.worker import ServingWorker
-from workers.serving.working_set import AdapterRef, WorkingSet
+from workers.serving.working_set import WorkingSet
 
 __all__ = [
     "REWARDS",
-    "AdapterRef",
     "DemandScheduler",
     "EngineConfig",
     "GenRequest",

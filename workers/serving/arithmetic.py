@@ -46,8 +46,10 @@ def training_prompts(n: int, seed: int) -> list[str]:
 def answer_of(prompt: str) -> int:
     m = _QUESTION.search(prompt)
     if m is None:
-        raise ValueError(f"not an arithmetic question: {prompt[:80]!r}; the arith rewards need "
-                         f"prompts like {TEMPLATE.format(a=3, b=4)!r}")  # fmt: skip
+        raise ValueError(
+            f"not an arithmetic question: {prompt[:80]!r}; the arith rewards need "
+            f"prompts like {TEMPLATE.format(a=3, b=4)!r}"
+        )
     return int(m[1]) + int(m[2])
 
 

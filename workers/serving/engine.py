@@ -10,14 +10,15 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
-from workers.serving.exceptions import EngineError
+from workers.serving.admission import INVALID_VALUE, admit
+from workers.serving.exceptions import EngineError, RequestRefused
 
 log = structlog.get_logger()
 
@@ -138,8 +139,12 @@ class VllmEngine:
         self.start_s = time.perf_counter() - t0
         self.tokenizer = self.llm.get_tokenizer()
         self._lock = threading.Lock()  # LLM.generate is not re-entrant
-        log.info("engine started", engine_id=config.engine_id, model=config.model,
-                 seconds=round(self.start_s, 1))  # fmt: skip
+        log.info(
+            "engine started",
+            engine_id=config.engine_id,
+            model=config.model,
+            seconds=round(self.start_s, 1),
+        )
 
     # Lifecycle verbs.
 
@@ -169,33 +174,55 @@ class VllmEngine:
 
     # Generation.
 
+    def admit(self, r: GenRequest) -> GenRequest:
+        """``r`` as this engine runs it, checked alone before it joins a batch
+        (workers.serving.admission): the prompt rendered and tokenized once, as vLLM would (the
+        ids are what runs, so what was counted is what runs), ``max_tokens`` clamped to the
+        context left. Raises RequestRefused (stage validate) for what vLLM cannot run."""
+        if isinstance(r.prompt, list):
+            ids = r.prompt
+        else:
+            try:
+                text = self.render(r)
+            except EngineError as e:
+                raise RequestRefused(str(e), code=INVALID_VALUE) from e
+            ids = list(self.tokenizer.encode(text))  # vLLM's default: special tokens added
+        return admit(
+            replace(r, prompt=ids), prompt_tokens=len(ids), max_model_len=self.config.max_model_len
+        )
+
     def generate(self, requests: list[GenRequest]) -> list[GenResult]:
-        """One engine call for a batch (vLLM batches across adapters, up to max_loras)."""
+        """One engine call for a batch (vLLM batches across adapters, up to max_loras). Any
+        failure, of the batch or of one request in it, is an EngineError (callers that must
+        not let one request fail the others admit each request first, then retry a failed
+        batch one by one: ServingCore)."""
         from vllm import SamplingParams
 
         if not requests:
             return []
-        params = [
-            SamplingParams(
-                n=r.n,
-                temperature=r.temperature,
-                top_p=r.top_p,
-                max_tokens=r.max_tokens,
-                seed=r.seed,
-                stop=list(r.stop) or None,
-                logprobs=0 if r.logprobs else None,  # 0: the sampled token's own logprob
-            )
-            for r in requests
-        ]
-        prompts = [
-            {"prompt_token_ids": r.prompt} if isinstance(r.prompt, list) else self.render(r)
-            for r in requests
-        ]
-        loras = [self._request(r.lora) if r.lora else None for r in requests]
         try:
+            params = [
+                SamplingParams(
+                    n=r.n,
+                    temperature=r.temperature,
+                    top_p=r.top_p,
+                    max_tokens=r.max_tokens,
+                    seed=r.seed,
+                    stop=list(r.stop) or None,
+                    logprobs=0 if r.logprobs else None,  # 0: the sampled token's own logprob
+                )
+                for r in requests
+            ]
+            prompts = [
+                {"prompt_token_ids": r.prompt} if isinstance(r.prompt, list) else self.render(r)
+                for r in requests
+            ]
+            loras = [self._request(r.lora) if r.lora else None for r in requests]
             with self._lock:
                 self._prefill_once(prompts, requests, loras)
                 outs = self.llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
+        except EngineError:
+            raise
         except Exception as e:
             raise EngineError(f"vLLM generate failed ({type(e).__name__}: {e})") from e
         results = []
@@ -232,17 +259,21 @@ class VllmEngine:
                 seen.add(adapter(r))
                 warm.append(k)
         if warm:
-            self.llm.generate([prompts[k] for k in warm], SamplingParams(max_tokens=1),
-                              lora_request=[loras[k] for k in warm], use_tqdm=False)  # fmt: skip
+            self.llm.generate(
+                [prompts[k] for k in warm],
+                SamplingParams(max_tokens=1),
+                lora_request=[loras[k] for k in warm],
+                use_tqdm=False,
+            )
 
     def render(self, r: GenRequest) -> str:
         """The text vLLM sees: the prompt itself, or the chat template over the conversation
         (``messages``, else the prompt as one user turn)."""
         if not r.chat or not isinstance(r.prompt, str):
             return r.prompt  # type: ignore[return-value]
-        turns = [dict(m) for m in r.messages] if r.messages else [
-            {"role": "user", "content": r.prompt}
-        ]  # fmt: skip
+        turns = (
+            [dict(m) for m in r.messages] if r.messages else [{"role": "user", "content": r.prompt}]
+        )
         try:
             return self.tokenizer.apply_chat_template(
                 turns, tokenize=False, add_generation_prompt=True

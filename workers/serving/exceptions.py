@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from schemas.exceptions import MintError
 
-class ServingError(Exception):
+
+class ServingError(MintError):
     """Base of every serving/rollout worker error."""
 
 
@@ -36,6 +38,32 @@ class WrongBaseModel(LoadError, ValueError):
 
 class LoraIdCollision(LoadError, ValueError):
     kind = "id_collision"
+
+
+class EngineRefusedAdapter(LoadError):
+    """vLLM's add_lora refused or failed on files that passed verification."""
+
+    kind = "engine"
+
+
+class StoreFailed(LoadError, OSError):
+    """The adapter store or the engine's cache failed with an error that does not pass by
+    itself (permission denied, read-only file system, ...): the load fails loudly. A store
+    that is away is ``catalog.exceptions.StoreUnavailable`` instead, and is waited out."""
+
+    kind = "store"
+
+
+class RequestRefused(ServingError, ValueError):
+    """The engine cannot run this request as sent (checked before batching: stage validate).
+
+    ``code`` is the OpenAI error code the gateway answers with: ``context_length_exceeded``
+    (the prompt does not fit the model's context) or ``invalid_value`` (a sampling value the
+    engine cannot run)."""
+
+    def __init__(self, message: str, *, code: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class WorkingSetFull(LoadError, MemoryError):

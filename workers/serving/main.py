@@ -17,7 +17,7 @@ from catalog.store import AdapterStore
 from schemas.logs import configure_logging
 from schemas.settings import MintSettings
 from streams import health
-from streams.consumer import stop_on_signals
+from streams.records import stop_on_signals
 from streams.topics import ensure_topics
 from workers.serving.core import ServingCore
 from workers.serving.engine import EngineConfig, VllmEngine
@@ -36,20 +36,39 @@ def build(settings: MintSettings, config: EngineConfig, cache_dir: Path, ttl_s: 
     repo = CatalogRepository(session, settings.keyspace)
     store = AdapterStore.from_settings(settings)
     engine = VllmEngine(config)
-    ws = WorkingSet(engine, store, cache_dir, base_model_fingerprint=model_fingerprint(config.model),
-                    max_loras=config.max_loras, max_cpu_loras=config.max_cpu_loras,
-                    max_disk_loras=config.max_disk_loras,
-                    max_lora_rank=config.max_lora_rank)  # fmt: skip
+    ws = WorkingSet(
+        engine,
+        store,
+        cache_dir,
+        base_model_fingerprint=model_fingerprint(config.model),
+        max_loras=config.max_loras,
+        max_cpu_loras=config.max_cpu_loras,
+        max_disk_loras=config.max_disk_loras,
+        max_lora_rank=config.max_lora_rank,
+    )
     return engine, ws, ResolutionCache(repo.resolve, ttl_s=ttl_s), store, cluster
 
 
-def serve_main(settings: MintSettings, config: EngineConfig, cache_dir: Path, base_model: str,
-               *, fifo: bool = False):  # fmt: skip
+def serve_main(
+    settings: MintSettings,
+    config: EngineConfig,
+    cache_dir: Path,
+    base_model: str,
+    *,
+    fifo: bool = False,
+):
     configure_logging(settings.log_level, settings.log_format)
     health.serve(settings.metrics_port)  # up while the engine starts (MINT_METRICS_PORT)
     engine, ws, resolver, _, cluster = build(settings, config, cache_dir)
-    core = ServingCore(engine, ws, resolver, engine_id=config.engine_id, base_model=base_model,
-                       max_num_seqs=config.max_num_seqs, fifo=fifo)  # fmt: skip
+    core = ServingCore(
+        engine,
+        ws,
+        resolver,
+        engine_id=config.engine_id,
+        base_model=base_model,
+        max_num_seqs=config.max_num_seqs,
+        fifo=fifo,
+    )
     try:
         worker = ServingWorker(settings, core, stop=stop_on_signals(), instance_id=config.engine_id)
         stats = worker.run()

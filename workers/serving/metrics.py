@@ -19,7 +19,12 @@ are bound here once; the hot paths only observe or increment.
   adapters per generation wave; ``mint_serving_generate_seconds``: one wave's generate call;
 - ``mint_serving_infer_latency_seconds{load}``: request received to answer, ``cold`` (it waited
   for its adapter's load) or ``warm``;
-- ``mint_serving_infer_failures_total{stage}``: error results by stage (resolve, load, generate).
+- ``mint_serving_infer_failures_total{stage}``: error results by stage (resolve, validate,
+  load, generate, expired);
+- ``mint_serving_duplicates_total``: requests delivered again with an event id already taken
+  (answered once);
+- ``mint_serving_batch_retries_total``: waves that failed as a whole and were run again one
+  request at a time.
 """
 
 from __future__ import annotations
@@ -31,30 +36,52 @@ SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 LOAD_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
-ADAPTERS = Gauge("mint_working_set_adapters", "adapters the engine holds, per tier (gpu within cpu)",
-                 ["tier"])  # fmt: skip
+ADAPTERS = Gauge(
+    "mint_working_set_adapters", "adapters the engine holds, per tier (gpu within cpu)", ["tier"]
+)
 SLOTS = Gauge("mint_working_set_slots", "capacity of the tier in adapters", ["tier"])
-LOOKUPS = Counter("mint_working_set_lookups", "working-set lookups per tier and result (hit/miss)",
-                  ["tier", "result"])  # fmt: skip
-EVICTIONS = Counter("mint_working_set_evictions", "adapters evicted, per tier and reason",
-                    ["tier", "reason"])  # fmt: skip
-LOAD_SECONDS = Histogram("mint_adapter_load_seconds",
-                         "cold load of an adapter into the engine (fetch, verify, engine load)",
-                         ["source"], buckets=LOAD_BUCKETS)  # fmt: skip
-LOAD_FAILURES = Counter("mint_adapter_load_failures", "adapter loads that failed, by error class",
-                        ["error"])  # fmt: skip
-LOAD_WAVE = Histogram("mint_serving_load_wave_adapters", "adapters loaded per wave of cold loads",
-                      buckets=SIZE_BUCKETS)  # fmt: skip
-WAVE_REQUESTS = Histogram("mint_serving_wave_requests", "requests per generation wave",
-                          buckets=SIZE_BUCKETS)  # fmt: skip
-WAVE_ADAPTERS = Histogram("mint_serving_wave_adapters", "distinct adapters per generation wave",
-                          buckets=SIZE_BUCKETS)  # fmt: skip
-GENERATE_SECONDS = Histogram("mint_serving_generate_seconds",
-                             "one generation wave's generate call", buckets=LATENCY_BUCKETS)  # fmt: skip
-INFER_LATENCY = Histogram("mint_serving_infer_latency_seconds",
-                          "inference request received to answer built, cold (waited for a load) "
-                          "or warm", ["load"], buckets=LATENCY_BUCKETS)  # fmt: skip
+LOOKUPS = Counter(
+    "mint_working_set_lookups",
+    "working-set lookups per tier and result (hit/miss)",
+    ["tier", "result"],
+)
+EVICTIONS = Counter(
+    "mint_working_set_evictions", "adapters evicted, per tier and reason", ["tier", "reason"]
+)
+LOAD_SECONDS = Histogram(
+    "mint_adapter_load_seconds",
+    "cold load of an adapter into the engine (fetch, verify, engine load)",
+    ["source"],
+    buckets=LOAD_BUCKETS,
+)
+LOAD_FAILURES = Counter(
+    "mint_adapter_load_failures", "adapter loads that failed, by error class", ["error"]
+)
+LOAD_WAVE = Histogram(
+    "mint_serving_load_wave_adapters",
+    "adapters loaded per wave of cold loads",
+    buckets=SIZE_BUCKETS,
+)
+WAVE_REQUESTS = Histogram(
+    "mint_serving_wave_requests", "requests per generation wave", buckets=SIZE_BUCKETS
+)
+WAVE_ADAPTERS = Histogram(
+    "mint_serving_wave_adapters", "distinct adapters per generation wave", buckets=SIZE_BUCKETS
+)
+GENERATE_SECONDS = Histogram(
+    "mint_serving_generate_seconds", "one generation wave's generate call", buckets=LATENCY_BUCKETS
+)
+INFER_LATENCY = Histogram(
+    "mint_serving_infer_latency_seconds",
+    "inference request received to answer built, cold (waited for a load) or warm",
+    ["load"],
+    buckets=LATENCY_BUCKETS,
+)
 INFER_FAILURES = Counter("mint_serving_infer_failures", "error results, by stage", ["stage"])
+DUPLICATES = Counter("mint_serving_duplicates", "requests delivered again (answered once)")
+BATCH_RETRIES = Counter(
+    "mint_serving_batch_retries", "waves that failed whole and ran again one request at a time"
+)
 
 # Bound once: the per-request and per-lookup paths only increment.
 INFER_COLD, INFER_WARM = INFER_LATENCY.labels("cold"), INFER_LATENCY.labels("warm")

@@ -4,6 +4,11 @@ Alias answers are cached for ``ttl_s`` (a bound on staleness if an event is miss
 ``alias.moved`` event replaces the cached answer at once, so a promotion or a rollback takes
 effect on the next request without a restart. Numbered and digest references are immutable and
 cached without expiry (bounded LRU).
+
+Moves are applied in their own order, not in the order they are read: a replayed older move
+(``mint replay serving.events --to-topic serving.events``, or the minute of overlap an engine
+follows at start) never takes an alias back. Of two moves of one alias the higher ``seq`` (the
+catalog's move counter) is the newer; moves published before ``seq`` existed compare by time.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from catalog.models import Resolved
-from catalog.refs import parse_ref
+from catalog.refs import Ref, parse_ref
 from schemas.envelope import Envelope
 from schemas.events import AliasMoved
 
@@ -23,7 +28,7 @@ from schemas.events import AliasMoved
 class ResolutionCache:
     def __init__(
         self,
-        resolve: Callable[[str], Resolved],
+        resolve: Callable[[Ref], Resolved],
         *,
         ttl_s: float = 2.0,
         max_entries: int = 100_000,
@@ -35,11 +40,17 @@ class ResolutionCache:
             max_entries,
             clock,
         )
-        self._entries: OrderedDict[str, tuple[Resolved, float | None]] = OrderedDict()
+        self._entries: OrderedDict[Ref, tuple[Resolved, float | None]] = OrderedDict()
+        # alias ref -> (seq, occurred_at) of the newest move applied (bounded like the entries)
+        self._newest: OrderedDict[Ref, tuple[int | None, Any]] = OrderedDict()
         self._lock = threading.Lock()
-        self.hits = self.misses = self.invalidations = 0
+        self.hits = self.misses = self.invalidations = self.stale_moves = 0
 
-    def resolve(self, ref: str) -> Resolved:
+    def resolve(self, ref: Ref | str) -> Resolved:
+        """The revision ``ref`` names. Workers pass the Ref built from a decoded event; text
+        (an operator's or a benchmark's ``tenant/policy@target``) is parsed here, once."""
+        if isinstance(ref, str):
+            ref = parse_ref(ref)
         now = self._clock()
         with self._lock:
             hit = self._entries.get(ref)
@@ -49,11 +60,11 @@ class ResolutionCache:
                 return hit[0]
             self.misses += 1
         res = self._resolve(ref)  # outside the lock: a catalog read
-        expires = now + self.ttl_s if parse_ref(ref).alias is not None else None
+        expires = now + self.ttl_s if ref.alias is not None else None
         self._put(ref, res, expires)
         return res
 
-    def _put(self, ref: str, res: Resolved, expires: float | None) -> None:
+    def _put(self, ref: Ref, res: Resolved, expires: float | None) -> None:
         with self._lock:
             self._entries[ref] = (res, expires)
             self._entries.move_to_end(ref)
@@ -62,17 +73,39 @@ class ResolutionCache:
 
     def invalidate(self, tenant: str, policy: str, alias: str) -> None:
         with self._lock:
-            if self._entries.pop(f"{tenant}/{policy}@{alias}", None) is not None:
+            if self._entries.pop(Ref(tenant, policy, alias=alias), None) is not None:
                 self.invalidations += 1
 
     def apply(self, env: Envelope[Any]) -> Resolved | None:
-        """Take an ``alias.moved`` event: the new target replaces the cached answer."""
+        """Take an ``alias.moved`` event: the new target replaces the cached answer, unless a
+        newer move of that alias was applied already (then None, as for any other event)."""
         p = env.payload
         if not isinstance(p, AliasMoved):
+            return None
+        key = Ref(env.tenant, env.policy, alias=p.alias)
+        if not self._newer(key, p.seq, env.occurred_at):
             return None
         self.invalidate(env.tenant, env.policy, p.alias)
         res = Resolved(
             env.tenant, env.policy, p.to_revision, p.adapter_digest, p.store_uri, p.alias
         )
-        self._put(f"{env.tenant}/{env.policy}@{p.alias}", res, self._clock() + self.ttl_s)
+        self._put(key, res, self._clock() + self.ttl_s)
         return res
+
+    def _newer(self, key: Ref, seq: int | None, at: Any) -> bool:
+        """Is this move newer than the newest applied to ``key``? Records it if so."""
+        with self._lock:
+            last = self._newest.get(key)
+            if last is not None:
+                last_seq, last_at = last
+                stale = (
+                    seq <= last_seq if seq is not None and last_seq is not None else at <= last_at
+                )
+                if stale:
+                    self.stale_moves += 1
+                    return False
+            self._newest[key] = (seq, at)
+            self._newest.move_to_end(key)
+            while len(self._newest) > self.max_entries:
+                self._newest.popitem(last=False)
+            return True

@@ -1,13 +1,17 @@
 """Reward functions a rollout request names (``reward`` in its sampling options), by name.
 
-A reward takes ``(prompt, completion, token_ids)`` and returns a float. Kept tiny and
-deterministic; real tasks register theirs with :func:`register`.
+A reward takes ``(prompt, completion, token_ids)`` and returns a float. The built-ins are kept
+tiny and deterministic; tasks from outside MinT bring theirs as a ``mint.rewards`` entry point
+or an operator-allowed ``module:function`` (workers.plugins), or register them in-process with
+:func:`register`.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
+from workers.plugins import Registry
 from workers.serving import arithmetic
 from workers.serving.exceptions import UnknownReward
 
@@ -67,11 +71,32 @@ def arith_shaped(prompt: str, completion: str, token_ids: list[int]) -> float:
     return arithmetic.shaped_reward(prompt, completion, len(token_ids))
 
 
-def get_reward(name: str) -> Reward:
+def _check_reward(obj: object) -> Reward:
+    """A plugin's reward: a callable that accepts ``(prompt, completion, token_ids)``."""
+    expected = "expected a function (prompt: str, completion: str, token_ids: list[int]) -> float"
+    if not callable(obj):
+        raise TypeError(f"{expected}, got {type(obj).__name__}")
     try:
-        return REWARDS[name]
-    except KeyError:
-        raise UnknownReward(
-            f"reward {name!r} is not registered; known: {sorted(REWARDS)}; register one with "
-            "workers.serving.rewards.register"
-        ) from None
+        inspect.signature(obj).bind("", "", [])
+    except TypeError as e:
+        raise TypeError(f"{expected}, got one with signature {inspect.signature(obj)} ({e})") from e
+    except ValueError:
+        pass  # no signature to inspect (a builtin): its first call will tell
+    return obj  # type: ignore[return-value]
+
+
+_REGISTRY = Registry(
+    "reward",
+    "mint.rewards",
+    REWARDS,
+    _check_reward,
+    UnknownReward,
+    "register one with workers.serving.rewards.register, a 'mint.rewards' entry point, or "
+    "name it module:function",
+)
+
+
+def get_reward(name: str, *, allowed_modules: tuple[str, ...] | None = None) -> Reward:
+    """The reward called ``name``: built-in, entry point, or allowed ``module:function``
+    (``allowed_modules``: prefixes; None: the MINT_PLUGIN_MODULES setting)."""
+    return _REGISTRY.get(name, allowed_modules=allowed_modules)

@@ -56,8 +56,9 @@ class DemandScheduler(Generic[T]):
         """Adapters with waiting requests, most demanded first (FIFO: arrival order)."""
         if self.fifo:
             return list(dict.fromkeys(k for k, _ in self._fifo))
-        return [g.key for g in sorted(self._groups.values(), key=lambda g: (-len(g.items),
-                                                                                g.first_seq))]  # fmt: skip
+        return [
+            g.key for g in sorted(self._groups.values(), key=lambda g: (-len(g.items), g.first_seq))
+        ]
 
     def next_wave(self, max_adapters: int, max_items: int | None = None) -> list[tuple[str, T]]:
         """Take the next batch: at most ``max_adapters`` distinct adapters (the GPU slots).
@@ -85,6 +86,20 @@ class DemandScheduler(Generic[T]):
             if not g.items:
                 del self._groups[key]
         return out
+
+    def restore(self, wave: list[tuple[str, T]]) -> None:
+        """Put back items taken by ``next_wave`` that were not done (an outage interrupted
+        their wave), ahead of what came after them: work leaves the queue only once done."""
+        if self.fifo:
+            self._fifo[:0] = wave
+            return
+        for key, item in reversed(wave):
+            g = self._groups.get(key)
+            if g is None:
+                # Ahead of every group that waits: it was taken first.
+                g = self._groups[key] = Group(key, -next(self._seq) - 1)
+                self._groups.move_to_end(key, last=False)
+            g.items.insert(0, item)
 
     def remove(self, gone: Callable[[T], bool]) -> list[T]:
         """Remove and return every waiting item for which ``gone(item)`` is true."""

@@ -1,6 +1,6 @@
 """The serving worker: Kafka in, Kafka out, around one engine's ServingCore.
 
-Two consumer loops (streams.consumer.ConsumerLoop: the rules every worker shares) stepped in
+Two consumer loops (streams.group.ConsumerLoop: the rules every worker shares) stepped in
 turn by one thread, since vLLM's generate is not re-entrant:
 
 - ``infer.requests`` + ``load.requests`` in group ``<prefix>-serving``, range assignment: both
@@ -10,12 +10,16 @@ turn by one thread, since vLLM's generate is not re-entrant:
 - ``serving.events`` without a group: alias moves, followed from a minute before start after the
   alias cache was filled from the compacted ``policy.state``.
 
-Handlers queue work in the core; the serving loop's ``before_commit`` runs it (the poll's loads
-in demand order, then generation waves) and publishes what it led to. A request's offset stays
-uncommitted until its answer (``infer.completed`` or ``infer.failed``) is published: a kill -9
-redelivers every request still waiting for a load, and the new owner skips the ones whose answer
-is already on ``infer.results`` (streams.answered). A catalog or store outage is waited out with
-every partition paused, never dead-lettered; undecodable records go to the dead-letter topic.
+Handlers queue work in the core; the serving loop's deferred work (streams.deferred) runs it before each commit (the core's sweep,
+the poll's loads in demand order, then generation waves) and publishes what it led to. Queued
+loads leave their queue only once they ran: an outage in the middle is waited out and the loads
+run again after it (a done load is then a hit). A request delivered again with an event id the
+core took already (an upstream re-sent it) is skipped without holding its offset: its first
+delivery is answered once. A request's offset stays uncommitted until its answer
+(``infer.completed`` or ``infer.failed``) is published: a kill -9 redelivers every request still
+waiting for a load, and the new owner skips the ones whose answer is already on
+``infer.results`` (streams.answered). A catalog or store outage is waited out with every
+partition paused, never dead-lettered; undecodable records go to the dead-letter topic.
 """
 
 from __future__ import annotations
@@ -35,8 +39,11 @@ from schemas.events import AliasMoved, InferCompleted, InferFailed, InferRequest
 from schemas.names import policy_id
 from schemas.registry import encode_event
 from schemas.settings import MintSettings
-from streams.consumer import ConsumerLoop, RetryPolicy, Stopped, hold_all, run_range
+from streams.deferred import DeferredWork
+from streams.follower import run_range
+from streams.group import ConsumerLoop, hold_all
 from streams.producer import EventProducer
+from streams.records import RetryPolicy, Stopped
 from streams.topics import POLICY_STATE, partition_for_key, topic_for, topic_for_type
 from workers.serving.core import ServingCore
 
@@ -115,30 +122,52 @@ class ServingWorker:
         self._infer_topic = topic_for(settings, "infer.requests")
         core.serves = self._serves
         core.emit = self._emit
+        # Requests are answered polls after they were read: held until their answer is out.
+        self._deferred = DeferredWork(
+            settings,
+            before_commit=self._work,
+            answers={"infer.requests": "infer.results"},
+            on_revoked=self._on_revoked,
+        )
 
-        def loop(topics: list[str], group_id: str, handler, before_commit, **options):
-            made = ConsumerLoop(settings, topics, group_id, handler, stop=self.stop,
-                                producer=self.producer, before_commit=before_commit,
-                                keepalive=keep, retry=RetryPolicy(max_attempts=3),
-                                # a host's evaluation wave can keep this loop unpolled longer
-                                # than kafka-python's default 5 min
-                                max_poll_interval_ms=30 * 60 * 1000, **options)  # fmt: skip
+        def loop(topics: list[str], group_id: str, handler, deferred: DeferredWork, **options):
+            made = ConsumerLoop(
+                settings,
+                topics,
+                group_id,
+                handler,
+                stop=self.stop,
+                producer=self.producer,
+                deferred=deferred,
+                keepalive=keep,
+                retry=RetryPolicy(max_attempts=3),
+                # a host's evaluation wave can keep this loop unpolled longer
+                # than kafka-python's default 5 min
+                max_poll_interval_ms=30 * 60 * 1000,
+                **options,
+            )
             self.loops.append(made)
             return made
 
         try:
             started_ms = int(time.time() * 1000)
             bootstrap_aliases(settings, core.resolver.apply)
-            self._events = loop(["serving.events"], f"{prefix}-engine-{core.engine_id}",
-                                self._on_event, self._flush,
-                                follow_from_ms=started_ms - FOLLOW_OVERLAP_MS)  # fmt: skip
-            self._serving = loop(["infer.requests", "load.requests"], f"{prefix}-{group}",
-                                 self._on_record, self._work,
-                                 answers={"infer.requests": "infer.results"},
-                                 on_revoked=self._on_revoked,
-                                 # co-partitioning: partition p of both topics, one engine
-                                 partition_assignment_strategy=(RangePartitionAssignor,),
-                                 group_instance_id=instance_id)  # fmt: skip
+            self._events = loop(
+                ["serving.events"],
+                f"{prefix}-engine-{core.engine_id}",
+                self._on_event,
+                DeferredWork(before_commit=self._flush),
+                follow_from_ms=started_ms - FOLLOW_OVERLAP_MS,
+            )
+            self._serving = loop(
+                ["infer.requests", "load.requests"],
+                f"{prefix}-{group}",
+                self._on_record,
+                self._deferred,
+                # co-partitioning: partition p of both topics, one engine
+                partition_assignment_strategy=(RangePartitionAssignor,),
+                group_instance_id=instance_id,
+            )
         except BaseException:
             self.close()
             raise
@@ -159,8 +188,11 @@ class ServingWorker:
         for eid in gone:
             del self._request_partition[eid]
         self._loads_queued = [(tp, env) for tp, env in self._loads_queued if tp not in tps]
-        log.info("partitions revoked; their waiting requests go to the new owner",
-                 partitions=len(tps), dropped=dropped)  # fmt: skip
+        log.info(
+            "partitions revoked; their waiting requests go to the new owner",
+            partitions=len(tps),
+            dropped=dropped,
+        )
 
     # Handlers (one record each) and the work each poll runs before its commit.
 
@@ -171,17 +203,23 @@ class ServingWorker:
     def _on_record(self, env: Envelope[Any], record) -> None:
         tp = TopicPartition(record.topic, record.partition)
         if isinstance(env.payload, InferRequested):
-            self._serving.hold(record, env.event_id)  # committed once answered
+            if self.core.seen(env.event_id):  # delivered again: answered once, nothing held
+                self.core.on_infer(env)  # (counts it)
+                return
+            out = self.core.on_infer(env)  # raises only an outage, before taking the request
+            self._deferred.hold(record, env.event_id)  # committed once answered
             self._request_partition[env.event_id] = tp
-            self._outbox += self.core.on_infer(env)
+            self._outbox += out
         elif isinstance(env.payload, LoadRequested):
             self._loads_queued.append((tp, env))
 
     def _work(self) -> None:
         # (the core hands most of its output to _emit as it goes; this confirms the rest)
+        self._outbox += self.core.sweep()
         if self._loads_queued:
-            queued, self._loads_queued = self._loads_queued, []
-            left = self.core.on_load_requests([env for _, env in queued])
+            # Emptied only after they ran: an outage raised in the middle keeps them queued.
+            left = self.core.on_load_requests([env for _, env in self._loads_queued])
+            self._loads_queued = []
             self._outbox += left
         left = self.core.serve()
         self._outbox += left
@@ -193,8 +231,9 @@ class ServingWorker:
         waves. ``_flush`` confirms them, and only then releases their requests' offsets."""
         for env in events:
             try:
-                sent = self.producer.send_async(topic_for_type(self.settings, env.type),
-                                                encode_event(env), env.key)  # fmt: skip
+                sent = self.producer.send_async(
+                    topic_for_type(self.settings, env.type), encode_event(env), env.key
+                )
             except Exception:  # e.g. the send buffer is full: _flush publishes it
                 self._outbox.append(env)
             else:
@@ -222,7 +261,7 @@ class ServingWorker:
 
     def _answered(self, env: Envelope[Any]) -> None:
         if isinstance(env.payload, InferCompleted | InferFailed):
-            self._serving.release(env.causation_id)
+            self._deferred.release(env.causation_id)
             self._request_partition.pop(env.causation_id, None)
 
     def step(self, timeout_ms: int = 100) -> int:
@@ -232,7 +271,7 @@ class ServingWorker:
     @property
     def waiting(self) -> int:
         """Requests received and not answered yet (their offsets are held)."""
-        return self._serving.held()
+        return self._deferred.held()
 
     def run(self, idle_timeout_s: float | None = None):
         """Step until ``stop`` (given to the constructor) is set, or idle for ``idle_timeout_s``."""

@@ -7,6 +7,16 @@
 - gpu: the adapters of the latest batches (``max_loras``); vLLM activates them per step, the
   scheduler never puts more than ``max_loras`` distinct adapters in one batch.
 
+Keyed by digest (the content), but used by owner: two policies may hold the same bytes, and a
+reference names its own copy. Every use checks that the reference's tenant/policy has its own
+verified copy of the digest in the store (once per owner and digest, then remembered), a cache
+hit or a resident adapter included; a foreign digest is answered exactly as a missing one, so
+the answer says nothing about whether the digest exists under another owner.
+
+Store and file errors become load errors of the reference (workers.serving.store_errors): an
+unavailable store is waited out, anything else fails that load loudly. vLLM refusing verified
+files is EngineRefusedAdapter.
+
 Counters: hits, misses, loads, evictions (cpu and disk), failures; the same as Prometheus
 metrics per tier (workers.serving.metrics).
 """
@@ -17,7 +27,8 @@ import shutil
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -25,20 +36,21 @@ from typing import Protocol
 import structlog
 
 from catalog.artifacts import MANIFEST_FILE
-from catalog.exceptions import AdapterCorrupted, AdapterNotFound, BaseModelMismatch, CatalogError
+from catalog.models import Resolved
 from catalog.store import AdapterStore, StoredAdapter
 from workers.serving import metrics
 from workers.serving.engine import LoraHandle
 from workers.serving.exceptions import (
     AdapterDigestMismatch,
-    AdapterMissing,
+    EngineError,
+    EngineRefusedAdapter,
     LoadError,
     LoraIdCollision,
     RankTooLarge,
     WorkingSetFull,
-    WrongBaseModel,
 )
 from workers.serving.ids import lora_int_id, lora_name
+from workers.serving.store_errors import load_error
 
 log = structlog.get_logger()
 
@@ -50,17 +62,6 @@ class Lifecycle(Protocol):
     def pin(self, lora_id: int) -> None: ...
     def evict(self, lora_id: int) -> None: ...
     def list(self) -> set[int]: ...
-
-
-@dataclass(frozen=True)
-class AdapterRef:
-    """A resolved revision: what to load and where it lies."""
-
-    tenant: str
-    policy: str
-    revision: int
-    digest: str
-    store_uri: str
 
 
 @dataclass
@@ -80,14 +81,14 @@ class Counters:
 
 @dataclass
 class Entry:
-    ref: AdapterRef
+    ref: Resolved
     handle: LoraHandle
     rank: int
     load_ms: float
     pinned: bool = False
 
 
-EvictHook = Callable[[AdapterRef, str, str], None]  # (ref, tier, reason)
+EvictHook = Callable[[Resolved, str, str], None]  # (ref, tier, reason)
 
 
 class WorkingSet:
@@ -118,6 +119,8 @@ class WorkingSet:
         self._gpu: OrderedDict[str, None] = OrderedDict()
         self._disk: OrderedDict[str, Path] = OrderedDict()
         self._ids: dict[int, str] = {}
+        # digest → (tenant, policy) whose own store copy was verified to hold it
+        self._owners: dict[str, set[tuple[str, str]]] = {}
         self._lock = threading.RLock()
         metrics.set_capacity(max_loras, max_cpu_loras, max_disk_loras)
         self._occupancy()
@@ -125,8 +128,14 @@ class WorkingSet:
     # Queries.
 
     def resident(self, digest: str) -> bool:
+        """Are these bytes in the engine (for some owner)? ``ready_for`` asks for one owner."""
         with self._lock:
             return digest in self._cpu
+
+    def ready_for(self, ref: Resolved) -> bool:
+        """Would ``ensure(ref)`` be a hit without a store read (resident, owner verified)?"""
+        with self._lock:
+            return ref.digest in self._cpu and _owner(ref) in self._owners.get(ref.digest, ())
 
     def handle(self, digest: str) -> LoraHandle:
         with self._lock:
@@ -136,28 +145,35 @@ class WorkingSet:
         """Every held adapter with its tier (gpu ⊂ cpu) and pin state."""
         with self._lock:
             rows = [
-                {"digest": d, "revision": e.ref.revision, "policy": f"{e.ref.tenant}/{e.ref.policy}",
-                 "lora_id": e.handle.lora_id, "tier": "gpu" if d in self._gpu else "cpu",
-                 "pinned": e.pinned}
+                {
+                    "digest": d,
+                    "revision": e.ref.revision,
+                    "policy": f"{e.ref.tenant}/{e.ref.policy}",
+                    "lora_id": e.handle.lora_id,
+                    "tier": "gpu" if d in self._gpu else "cpu",
+                    "pinned": e.pinned,
+                }
                 for d, e in self._cpu.items()
-            ]  # fmt: skip
+            ]
             rows += [{"digest": d, "tier": "disk"} for d in self._disk if d not in self._cpu]
             return rows
 
     # Verbs.
 
-    def ensure(self, ref: AdapterRef) -> LoraHandle:
-        """Make ``ref`` resident in the engine (a hit, or a verified cold load)."""
+    def ensure(self, ref: Resolved) -> LoraHandle:
+        """Make ``ref`` resident in the engine (a hit, or a verified cold load), for ``ref``'s
+        own tenant/policy only (checked on every use, a hit included)."""
         with self._lock:
-            entry = self._cpu.get(ref.digest)
-            if entry is not None:
-                self.counters.hits += 1
-                metrics.HIT["cpu"].inc()
-                self._cpu.move_to_end(ref.digest)
-                return entry.handle
-            self.counters.misses += 1
-            metrics.MISS["cpu"].inc()
             try:
+                entry = self._cpu.get(ref.digest)
+                if entry is not None:
+                    self._vouch(ref)
+                    self.counters.hits += 1
+                    metrics.HIT["cpu"].inc()
+                    self._cpu.move_to_end(ref.digest)
+                    return entry.handle
+                self.counters.misses += 1
+                metrics.MISS["cpu"].inc()
                 return self._load(ref)
             except LoadError as e:
                 self.counters.failures += 1
@@ -166,7 +182,7 @@ class WorkingSet:
             finally:
                 self._occupancy()
 
-    def pin(self, ref: AdapterRef) -> LoraHandle:
+    def pin(self, ref: Resolved) -> LoraHandle:
         with self._lock:
             handle = self.ensure(ref)
             self._cpu[ref.digest].pinned = True
@@ -185,6 +201,7 @@ class WorkingSet:
                 return False
             self._gpu.pop(digest, None)
             self._ids.pop(entry.handle.lora_id, None)
+            self._forget_owners(digest)
             self.engine.evict(entry.handle.lora_id)
             self.counters.evictions += 1
             metrics.EVICTIONS.labels("cpu", reason).inc()
@@ -218,7 +235,7 @@ class WorkingSet:
     def _occupancy(self) -> None:
         metrics.set_occupancy(len(self._gpu), len(self._cpu), len(self._disk))
 
-    def _load(self, ref: AdapterRef) -> LoraHandle:
+    def _load(self, ref: Resolved) -> LoraHandle:
         t0 = time.perf_counter()
         fetched = self.counters.disk_fetches
         local = self._fetch(ref)
@@ -238,7 +255,13 @@ class WorkingSet:
             )
         self._make_room()
         handle = LoraHandle(lora_id, lora_name(ref.digest), local.path)
-        self.engine.load(handle)
+        try:
+            self.engine.load(handle)
+        except EngineError as e:
+            raise EngineRefusedAdapter(
+                f"the engine refused revision {ref.tenant}/{ref.policy}@{ref.revision} "
+                f"({ref.digest}) after it passed verification: {e}"
+            ) from e
         load_ms = (time.perf_counter() - t0) * 1000
         self._cpu[ref.digest] = Entry(ref, handle, manifest.rank, load_ms)
         self._ids[lora_id] = ref.digest
@@ -258,48 +281,76 @@ class WorkingSet:
                 )
             self.evict(victim, reason="lru")
 
-    def _fetch(self, ref: AdapterRef) -> StoredAdapter:
+    def _vouch(self, ref: Resolved) -> StoredAdapter | None:
+        """Check that ``ref``'s own tenant/policy holds ``ref.digest`` in the store (once per
+        owner and digest): the store copy is opened with that owner and verified. Returns it,
+        or None when this owner was verified before."""
+        if _owner(ref) in self._owners.get(ref.digest, ()):
+            return None
+        with self._errors(ref, drop=False):
+            src = self.store.open(
+                ref.store_uri, owner=_owner(ref), base_model_fingerprint=self.fingerprint
+            )
+            self._check_digest(ref, src.digest)
+        self._owners.setdefault(ref.digest, set()).add(_owner(ref))
+        return src
+
+    def _fetch(self, ref: Resolved) -> StoredAdapter:
         """The verified local copy of ``ref`` (fetched from the store on a disk miss)."""
         local = self.cache_dir / ref.digest.removeprefix("sha256:")
-        try:
-            if local in self._disk.values() or (local / MANIFEST_FILE).is_file():
-                self.counters.disk_hits += 1
-                metrics.HIT["disk"].inc()
-            else:
-                metrics.MISS["disk"].inc()
-                src = self.store.open(ref.store_uri, owner=(ref.tenant, ref.policy),
-                                      base_model_fingerprint=self.fingerprint)  # fmt: skip
-                self._check_digest(ref, src.digest)
-                tmp = self.cache_dir / f".{local.name}.{time.monotonic_ns()}"
-                tmp.mkdir()
-                for name in (*src.manifest.files, MANIFEST_FILE):  # the packed file too
-                    shutil.copyfile(src.path / name, tmp / name)
-                tmp.rename(local)
-                self.counters.disk_fetches += 1
-            self._disk[ref.digest] = local
-            self._disk.move_to_end(ref.digest)
-            # Verified on every load, not only on fetch.
+        src = self._vouch(ref)
+        if (local / MANIFEST_FILE).is_file():
+            self.counters.disk_hits += 1
+            metrics.HIT["disk"].inc()
+        else:
+            metrics.MISS["disk"].inc()
+            self._copy(ref, src or self._reopen(ref), local)
+            self.counters.disk_fetches += 1
+        self._disk[ref.digest] = local
+        self._disk.move_to_end(ref.digest)
+        with self._errors(ref, drop=True):  # verified on every load, not only on fetch
             got = self.store.open_path(local, base_model_fingerprint=self.fingerprint)
             self._check_digest(ref, got.digest)
-        except BaseModelMismatch as e:
-            self._drop_disk(ref.digest)
-            raise WrongBaseModel(str(e)) from e
-        except AdapterCorrupted as e:
-            self._drop_disk(ref.digest)
-            raise AdapterDigestMismatch(str(e)) from e
-        except (AdapterNotFound, FileNotFoundError) as e:
-            self._drop_disk(ref.digest)
-            raise AdapterMissing(
-                f"revision {ref.tenant}/{ref.policy}@{ref.revision} ({ref.digest}) is not in the "
-                f"store at {ref.store_uri}: {e}"
-            ) from e
-        except CatalogError as e:  # shape disagreements, NaN/Inf, unsafe format
-            self._drop_disk(ref.digest)
-            raise AdapterDigestMismatch(f"revision {ref.digest} failed verification: {e}") from e
         self._trim_disk()
         return got
 
-    def _check_digest(self, ref: AdapterRef, digest: str) -> None:
+    def _reopen(self, ref: Resolved) -> StoredAdapter:
+        with self._errors(ref, drop=False):
+            return self.store.open(
+                ref.store_uri, owner=_owner(ref), base_model_fingerprint=self.fingerprint
+            )
+
+    def _copy(self, ref: Resolved, src: StoredAdapter, local: Path) -> None:
+        tmp = self.cache_dir / f".{local.name}.{time.monotonic_ns()}"
+        try:
+            with self._errors(ref, drop=False), self.store.io("copy a revision to the engine"):
+                tmp.mkdir()
+                for name in (*src.manifest.files, MANIFEST_FILE):  # the packed file too
+                    shutil.copyfile(src.path / name, tmp / name)
+                try:
+                    tmp.rename(local)
+                except OSError:
+                    if not (local / MANIFEST_FILE).is_file():
+                        raise  # not a copy that landed first (a cache shared by two engines)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    @contextmanager
+    def _errors(self, ref: Resolved, *, drop: bool) -> Iterator[None]:
+        """Store and file errors as load errors of ``ref`` (module docstring). ``drop``: they
+        concern the local copy, which is removed; errors of an owner's store copy never drop
+        the local copy, which may be another owner's."""
+        try:
+            yield
+        except Exception as e:
+            mapped = load_error(ref, e)
+            if drop and isinstance(mapped, LoadError):  # not for an outage: the copy is fine
+                self._drop_disk(ref.digest)
+            if mapped is e:
+                raise
+            raise mapped from e
+
+    def _check_digest(self, ref: Resolved, digest: str) -> None:
         if digest != ref.digest:
             raise AdapterDigestMismatch(
                 f"the catalog says revision {ref.tenant}/{ref.policy}@{ref.revision} has digest "
@@ -310,6 +361,12 @@ class WorkingSet:
     def _drop_disk(self, digest: str) -> None:
         path = self._disk.pop(digest, None) or self.cache_dir / digest.removeprefix("sha256:")
         shutil.rmtree(path, ignore_errors=True)
+        self._forget_owners(digest)
+
+    def _forget_owners(self, digest: str) -> None:
+        """Owners are remembered while the bytes are held here (engine or disk), no longer."""
+        if digest not in self._cpu and digest not in self._disk:
+            self._owners.pop(digest, None)
 
     def _trim_disk(self) -> None:
         while len(self._disk) > self.max_disk:
@@ -319,3 +376,7 @@ class WorkingSet:
             self._drop_disk(victim)
             self.counters.disk_evictions += 1
             metrics.EVICTIONS.labels("disk", "lru").inc()
+
+
+def _owner(ref: Resolved) -> tuple[str, str]:
+    return ref.tenant, ref.policy

@@ -2,7 +2,8 @@
 
 from workers.trainer.config import LossConfig, TrainerConfig
 from workers.trainer.data import Batch, Rollout, SftExample
-from workers.trainer.engine import LoraShape, MultiPolicyTrainer, PolicyState, StepResult
+from workers.trainer.engine import MultiPolicyTrainer, StepResult
+from workers.trainer.policies import LoraShape, PolicyState
 
 __all__ = [
     "Batch",

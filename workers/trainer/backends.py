@@ -89,6 +89,11 @@ def init_distributed(port: int) -> None:
         ("LOCAL_RANK", "0"),
     ):
         os.environ.setdefault(key, value)
+    # DeepSpeed JIT-compiles a shared-memory op at init, used only by inference all-reduce,
+    # which ZeRO training never calls. The build needs a compiler and holds a lock file under
+    # ~/.cache/torch_extensions that a killed process leaves behind: every later init waited on
+    # it forever (CI hung 25 minutes). Marking the op incompatible skips the build.
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     deepspeed.init_distributed(dist_backend=backend)
     _DS_INITIALIZED = True

@@ -32,9 +32,11 @@ class TrainerConfig(BaseModel):
     grad_clip: float = Field(1.0, ge=0, description="max grad norm; 0 turns clipping off")
     max_seq_len: int = Field(512, ge=8)
     micro_batch_rows: int | None = Field(
-        16, ge=1, description="rows per forward/backward; a step adds up their gradients. "
-        "Bounds peak memory (a 128-row GRPO batch on SmolLM2-135M: see README). None: all"
-    )  # fmt: skip
+        16,
+        ge=1,
+        description="rows per forward/backward; a step adds up their gradients. "
+        "Bounds peak memory (a 128-row GRPO batch on SmolLM2-135M: see README). None: all",
+    )
     torch_threads: int | None = Field(None, ge=1, description="torch.set_num_threads; None: keep")
     loss: LossConfig = Field(default_factory=LossConfig)
     deepspeed_port: int = Field(29511, ge=1024, le=65535, description="MASTER_PORT for gloo")

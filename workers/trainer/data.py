@@ -73,8 +73,14 @@ class Batch:
     def select(self, idx: torch.Tensor) -> Batch:
         """The rows ``idx`` (a micro-batch), every tensor indexed alike."""
         pick = lambda t: None if t is None else t[idx]  # noqa: E731
-        return Batch(self.input_ids[idx], self.attention_mask[idx], self.loss_mask[idx],
-                     pick(self.old_logprobs), pick(self.rewards), pick(self.groups))  # fmt: skip
+        return Batch(
+            self.input_ids[idx],
+            self.attention_mask[idx],
+            self.loss_mask[idx],
+            pick(self.old_logprobs),
+            pick(self.rewards),
+            pick(self.groups),
+        )
 
 
 def micro_batches(batch: Batch, max_rows: int | None) -> list[torch.Tensor]:

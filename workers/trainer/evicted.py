@@ -38,8 +38,13 @@ def _folder(store: AdapterStore, policy_id: str) -> Path:
     return store.root / tenant / policy / STATE_DIR
 
 
-def save(store: AdapterStore, policy_id: str, params: list[torch.Tensor],
-         optimizer: dict[str, Any], meta: dict[str, Any]) -> Path:  # fmt: skip
+def save(
+    store: AdapterStore,
+    policy_id: str,
+    params: list[torch.Tensor],
+    optimizer: dict[str, Any],
+    meta: dict[str, Any],
+) -> Path:
     """Write the evicted policy's state (replacing an older one), atomically by rename."""
     final = _folder(store, policy_id)
     tmp = final.with_name(f".{STATE_DIR}.tmp")

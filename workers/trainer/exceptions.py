@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from schemas.exceptions import MintError
 from streams.exceptions import TransientError
 
 
-class TrainerError(Exception):
+class TrainerError(MintError):
     """Base of every trainer error."""
 
 

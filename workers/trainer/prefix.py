@@ -24,8 +24,9 @@ def prompt_lengths(loss_mask: torch.Tensor) -> torch.Tensor:
     return loss_mask.argmax(dim=1) + 1
 
 
-def plain_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   loss_mask: torch.Tensor) -> torch.Tensor:  # fmt: skip
+def plain_logprobs(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor
+) -> torch.Tensor:
     """(B, T-1) log-probs of each next token; zero left of the first learned position.
 
     The LM head runs only from that position on: with a 49K vocabulary, full logits would
@@ -38,8 +39,13 @@ def plain_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
     return F.pad(token_logprobs(out.logits, input_ids[:, start:]), (start, 0))
 
 
-def shared_prefix_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                           loss_mask: torch.Tensor, pad_id: int = 0) -> torch.Tensor:  # fmt: skip
+def shared_prefix_logprobs(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    loss_mask: torch.Tensor,
+    pad_id: int = 0,
+) -> torch.Tensor:
     """Same result as :func:`plain_logprobs` for right-padded rows (``collate``'s layout)."""
     n_prompt = prompt_lengths(loss_mask).tolist()
     lengths = attention_mask.sum(dim=1).tolist()
@@ -70,8 +76,7 @@ def shared_prefix_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: 
             c = lengths[i] - n
             comp[k, :c] = input_ids[i, n : lengths[i]]
             comp_mask[k, n : n + c] = 1
-        out = model(input_ids=comp, attention_mask=comp_mask, past_key_values=cache,
-                    use_cache=True)  # fmt: skip
+        out = model(input_ids=comp, attention_mask=comp_mask, past_key_values=cache, use_cache=True)
         # Logits predicting completion token j: the prompt's last position for j = 0, then the
         # completion's own positions 0 … C-2.
         logits = torch.cat([pre.logits[:, -1:][pick], out.logits[:, :-1]], dim=1)

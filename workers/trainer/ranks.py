@@ -240,8 +240,12 @@ class RankedTrainer(MultiPolicyTrainer):
     def _lose(self, reason: str) -> RanksLost:
         if self.lost is None:
             self.lost = reason
-            log.error("trainer_ranks_lost", rank=self.ranks.rank if self._ready else 0,
-                      reason=reason, fix="see the other ranks' logs, then restart")  # fmt: skip
+            log.error(
+                "trainer_ranks_lost",
+                rank=self.ranks.rank if self._ready else 0,
+                reason=reason,
+                fix="see the other ranks' logs, then restart",
+            )
             self.stop.set()
         return RanksLost(self.lost)
 
@@ -319,8 +323,13 @@ def start(
     if config.torch_threads is None and not torch.cuda.is_available():
         config = config.model_copy(update={"torch_threads": max(1, (os.cpu_count() or 1) // ranks)})
     port = os.environ.get("MASTER_PORT", str(config.deepspeed_port))
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-           "WORLD_SIZE": str(ranks), "MINT_TRAINER_RANK0_PID": str(os.getpid())}  # fmt: skip
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": port,
+        "WORLD_SIZE": str(ranks),
+        "MINT_TRAINER_RANK0_PID": str(os.getpid()),
+    }
     # Their own session: a terminal's Ctrl-C reaches rank 0 alone, which then stops them.
     followers = [
         subprocess.Popen(
@@ -328,7 +337,7 @@ def start(
             env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
             cwd=ROOT,
             start_new_session=True,
-        )  # fmt: skip
+        )
         for rank in range(1, ranks)
     ]
     os.environ.update({k: env[k] for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")})

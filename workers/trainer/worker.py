@@ -30,17 +30,20 @@ from catalog.claims import read_jsonl
 from catalog.exceptions import CatalogError, PolicyNotFound
 from catalog.repository import CatalogRepository
 from catalog.store import AdapterStore, StoredAdapter
-from schemas import Envelope, make_event
+from schemas import Envelope
+from schemas.envelope import make_reply
 from schemas.events import ExportCompleted, UpdateCompleted, UpdateRequested
 from schemas.settings import MintSettings
 from streams import health
-from streams.consumer import ConsumerStats, RetryPolicy, run_consumer, stop_on_signals
+from streams.group import run_consumer
 from streams.producer import EventProducer
+from streams.records import ConsumerStats, RetryPolicy, stop_on_signals
 from workers.trainer import metrics as trainer_metrics
 from workers.trainer.config import TrainerConfig
 from workers.trainer.data import parse_examples
-from workers.trainer.engine import LoraShape, MultiPolicyTrainer
+from workers.trainer.engine import MultiPolicyTrainer
 from workers.trainer.exceptions import BadBatch
+from workers.trainer.policies import LoraShape
 
 log = structlog.get_logger()
 
@@ -82,8 +85,9 @@ class TrainerService:
         with self._policy_lock(env.policy_id):
             done = self.store.find_request(env.tenant, env.policy, str(env.event_id))
             if done is not None:
-                log.info("update_redelivered", request=str(env.event_id),
-                         revision=done.get("revision"))  # fmt: skip
+                log.info(
+                    "update_redelivered", request=str(env.event_id), revision=done.get("revision")
+                )
                 self._publish(env, done)
                 trainer_metrics.UPDATES.labels("redelivered").inc()
                 return done
@@ -113,8 +117,13 @@ class TrainerService:
             # Our copy is at another revision (another trainer moved the policy on): reload.
             self.trainer.remove_policy(pid)
         if p.parent_revision is None:
-            lora = LoraShape(p.lora.rank, p.lora.alpha, p.lora.dropout,
-                             list(p.lora.target_modules), list(p.lora.target_parameters))  # fmt: skip
+            lora = LoraShape(
+                p.lora.rank,
+                p.lora.alpha,
+                p.lora.dropout,
+                list(p.lora.target_modules),
+                list(p.lora.target_parameters),
+            )
             self.trainer.add_policy(pid, lora, seed=p.seed)
             return
         parent = self._open_revision(env.tenant, env.policy, p.parent_revision)
@@ -122,8 +131,9 @@ class TrainerService:
 
     def _open_revision(self, tenant: str, policy: str, revision: int) -> StoredAdapter:
         rev = self.repo.get_revision(tenant, policy, revision)
-        return self.store.open(rev.store_uri, owner=(tenant, policy),
-                               base_model_fingerprint=self.trainer.fingerprint)  # fmt: skip
+        return self.store.open(
+            rev.store_uri, owner=(tenant, policy), base_model_fingerprint=self.trainer.fingerprint
+        )
 
     def _run(self, env: Envelope[Any]) -> dict[str, Any]:
         p: UpdateRequested = env.payload
@@ -136,16 +146,19 @@ class TrainerService:
         examples = parse_examples(rows, p.objective)
         if not examples:
             raise BadBatch(f"data_uri {p.data_uri} holds no examples")
-        self._ensure_policy(env, p)
         pid = env.policy_id
-        before = self.trainer.snapshot(pid)
-        try:
-            return self._train(env, p, examples, t0)
-        except BaseException:
-            # A retry must start from the weights and optimizer this request started from, not
-            # from half-updated ones.
-            self.trainer.restore(pid, before)
-            raise
+        # Pinned from before it is held until it is done or back at its start: another consumer
+        # thread's policy would otherwise evict it mid-update and save half-updated weights.
+        with self.trainer.updating(pid):
+            self._ensure_policy(env, p)
+            before = self.trainer.snapshot(pid)
+            try:
+                return self._train(env, p, examples, t0)
+            except BaseException:
+                # A retry must start from the weights and optimizer this request started from,
+                # not from half-updated ones.
+                self.trainer.restore(pid, before)
+                raise
 
     def _train(self, env: Envelope[Any], p: UpdateRequested, examples: list, t0: float) -> dict:
         pid = env.policy_id
@@ -177,11 +190,18 @@ class TrainerService:
 
     def _export(self, env: Envelope[Any], p: UpdateRequested, losses: list[float]) -> dict:
         pid = env.policy_id
-        stored = self.trainer.export(pid, env.tenant, env.policy, training={
-            "objective": p.objective, "steps": p.steps, "loss": losses[-1],
-            "learning_rate": p.learning_rate, "request_id": str(env.event_id),
-        })  # fmt: skip
-        m = stored.manifest
+        stored = self.trainer.export(
+            pid,
+            env.tenant,
+            env.policy,
+            training={
+                "objective": p.objective,
+                "steps": p.steps,
+                "loss": losses[-1],
+                "learning_rate": p.learning_rate,
+                "request_id": str(env.event_id),
+            },
+        )
         # Registered exactly as the projection of the export.completed event registers it (same
         # event id, time, author and metadata), so a catalog rebuilt from the log equals this one.
         export_id, at = derived_id(env.event_id, "export"), datetime.now(UTC)
@@ -190,63 +210,91 @@ class TrainerService:
         except PolicyNotFound:
             self.repo.create_policy(env.tenant, env.policy, p.base_model, by=self.name, at=at)
         rev = self.repo.register_revision(
-            env.tenant, env.policy, digest=stored.digest, store_uri=stored.uri,
-            base_model=p.base_model, parent_revision=p.parent_revision,
-            metadata={"size_bytes": stored.size_bytes, "rank": m.rank,
-                      "lora_alpha": m.lora_alpha, "target_modules": list(m.target_modules),
-                      "target_parameters": list(m.target_parameters),
-                      "base_model_fingerprint": m.base_model_fingerprint},
-            source_event_id=export_id, by=self.name, at=at,
-        )  # fmt: skip
+            env.tenant,
+            env.policy,
+            digest=stored.digest,
+            store_uri=stored.uri,
+            base_model=p.base_model,
+            parent_revision=p.parent_revision,
+            metadata=_revision_metadata(stored),
+            source_event_id=export_id,
+            by=self.name,
+            at=at,
+        )
         state = self.trainer.policy(pid)
         if rev.digest != stored.digest:
             # This request registered a revision before (crash before the request record):
             # that revision is the answer, and our copy must continue from it, not from ours.
-            log.warning("update_already_registered", request=str(env.event_id),
-                        revision=rev.revision)  # fmt: skip
+            log.warning(
+                "update_already_registered", request=str(env.event_id), revision=rev.revision
+            )
             self.trainer.remove_policy(pid)
-            stored = self.store.open(rev.store_uri, owner=(env.tenant, env.policy),
-                                     base_model_fingerprint=self.trainer.fingerprint)  # fmt: skip
+            stored = self.store.open(
+                rev.store_uri,
+                owner=(env.tenant, env.policy),
+                base_model_fingerprint=self.trainer.fingerprint,
+            )
             state = self.trainer.add_policy(pid, parent=stored, parent_revision=rev.revision)
         state.parent, state.parent_revision = stored, rev.revision
-        m = stored.manifest
         return {
             "exported_at": rev.created_at.replace(tzinfo=UTC).isoformat(),
             "revision": rev.revision,
             "digest": stored.digest,
             "store_uri": stored.uri,
-            "size_bytes": stored.size_bytes,
-            "rank": m.rank,
-            "lora_alpha": m.lora_alpha,
-            "target_modules": m.target_modules,
-            "target_parameters": m.target_parameters,
             "base_model": p.base_model,
-            "base_model_fingerprint": m.base_model_fingerprint,
+            **_revision_metadata(stored),
         }
 
     def _publish(self, env: Envelope[Any], r: dict[str, Any]) -> None:
         events = []
         if r.get("exported") and r.get("revision") is not None:
             export = ExportCompleted(
-                revision=r["revision"], adapter_digest=r["digest"], store_uri=r["store_uri"],
-                size_bytes=r["size_bytes"], rank=r["rank"], lora_alpha=r["lora_alpha"],
-                target_modules=r["target_modules"], target_parameters=r["target_parameters"],
-                base_model=r["base_model"], base_model_fingerprint=r["base_model_fingerprint"],
+                revision=r["revision"],
+                adapter_digest=r["digest"],
+                store_uri=r["store_uri"],
+                size_bytes=r["size_bytes"],
+                rank=r["rank"],
+                lora_alpha=r["lora_alpha"],
+                target_modules=r["target_modules"],
+                target_parameters=r["target_parameters"],
+                base_model=r["base_model"],
+                base_model_fingerprint=r["base_model_fingerprint"],
                 parent_revision=r["parent_revision"],
-            )  # fmt: skip
+            )
             at = r.get("exported_at")
-            events.append(make_event(export, tenant=env.tenant, policy=env.policy,
-                                     producer=self.name, caused_by=env,
-                                     event_id=derived_id(env.event_id, "export"),
-                                     occurred_at=datetime.fromisoformat(at) if at else None))  # fmt: skip
+            events.append(
+                make_reply(
+                    export,
+                    env,
+                    producer=self.name,
+                    event_id=derived_id(env.event_id, "export"),
+                    occurred_at=datetime.fromisoformat(at) if at else None,
+                )
+            )
         done = UpdateCompleted(
-            parent_revision=r["parent_revision"], steps=r["steps"], loss=r["loss"],
+            parent_revision=r["parent_revision"],
+            steps=r["steps"],
+            loss=r["loss"],
             metrics={**r["metrics"], "first_loss": r["first_loss"]},
-            duration_s=r.get("duration_s", 0.0), exported=bool(r.get("revision")),
-        )  # fmt: skip
-        events.append(make_event(done, tenant=env.tenant, policy=env.policy, producer=self.name,
-                                 caused_by=env, event_id=derived_id(env.event_id, "update")))  # fmt: skip
+            duration_s=r.get("duration_s", 0.0),
+            exported=bool(r.get("revision")),
+        )
+        update_id = derived_id(env.event_id, "update")
+        events.append(make_reply(done, env, producer=self.name, event_id=update_id))
         self.producer.publish_many(events)
+
+
+def _revision_metadata(stored: StoredAdapter) -> dict[str, Any]:
+    """A stored revision's figures, as the catalog registers them and export.completed says."""
+    m = stored.manifest
+    return {
+        "size_bytes": stored.size_bytes,
+        "rank": m.rank,
+        "lora_alpha": m.lora_alpha,
+        "target_modules": list(m.target_modules),
+        "target_parameters": list(m.target_parameters),
+        "base_model_fingerprint": m.base_model_fingerprint,
+    }
 
 
 def run_trainer(
@@ -271,8 +319,9 @@ def run_trainer(
     cluster, session = connect(settings)
     producer = EventProducer(settings, client_id=f"{group_id}-events")
     try:
-        service = TrainerService(trainer, store, CatalogRepository(session, settings.keyspace),
-                                 producer)  # fmt: skip
+        service = TrainerService(
+            trainer, store, CatalogRepository(session, settings.keyspace), producer
+        )
         consumer_options.setdefault("auto_offset_reset", "earliest")
         # Training a step can take longer than kafka-python's default poll interval.
         consumer_options.setdefault("max_poll_interval_ms", 30 * 60 * 1000)
@@ -280,13 +329,22 @@ def run_trainer(
 
         def consume(i: int) -> None:
             results[i] = run_consumer(
-                settings, TRAINER_TOPICS, group_id, service.handle, stop=stop, retry=retry,
-                idle_timeout_s=idle_timeout_s, max_records=max_records, producer=producer,
+                settings,
+                TRAINER_TOPICS,
+                group_id,
+                service.handle,
+                stop=stop,
+                retry=retry,
+                idle_timeout_s=idle_timeout_s,
+                max_records=max_records,
+                producer=producer,
                 **consumer_options,
-            )  # fmt: skip
+            )
 
-        threads = [threading.Thread(target=consume, args=(i,), name=f"trainer-consumer-{i}")
-                   for i in range(consumers)]  # fmt: skip
+        threads = [
+            threading.Thread(target=consume, args=(i,), name=f"trainer-consumer-{i}")
+            for i in range(consumers)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -327,8 +385,14 @@ def main(
     try:
         # The group carries the topic prefix: deployments (and test runs) sharing a broker never
         # share a consumer group, so one never waits on another's rebalance.
-        run_trainer(settings, config, stop=stop, consumers=consumers, trainer=trainer,
-                    group_id=f"{settings.topic_prefix}-{TRAINER_GROUP}")  # fmt: skip
+        run_trainer(
+            settings,
+            config,
+            stop=stop,
+            consumers=consumers,
+            trainer=trainer,
+            group_id=f"{settings.topic_prefix}-{TRAINER_GROUP}",
+        )
     finally:
         if trainer is not None:
             trainer.close()

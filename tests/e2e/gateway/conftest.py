@@ -72,8 +72,10 @@ def gw_adapters(gw_model: Path, tmp_path_factory) -> list[Path]:
         folder = root / f"v{seed}"
         shutil.copytree(root / "template", folder)
         g = torch.Generator().manual_seed(seed)
-        tensors = {k: (torch.randn(t.shape, generator=g) * 0.5).contiguous()
-                   for k, t in load_file(str(folder / "adapter_model.safetensors")).items()}  # fmt: skip
+        tensors = {
+            k: (torch.randn(t.shape, generator=g) * 0.5).contiguous()
+            for k, t in load_file(str(folder / "adapter_model.safetensors")).items()
+        }
         save_file(tensors, str(folder / "adapter_model.safetensors"))
         out.append(folder)
     return out
@@ -87,9 +89,14 @@ def gw_settings(kafka_ready, cassandra_cluster, tmp_path_factory):
 
     tag = uuid.uuid4().hex[:10]
     root = tmp_path_factory.mktemp("gw-state")
-    s = kafka_ready.model_copy(update={"topic_prefix": f"gw{tag}", "keyspace": f"gw{tag}",
-                                       "store_uri": str(root / "store"),
-                                       "state_dir": root / "state"})  # fmt: skip
+    s = kafka_ready.model_copy(
+        update={
+            "topic_prefix": f"gw{tag}",
+            "keyspace": f"gw{tag}",
+            "store_uri": str(root / "store"),
+            "state_dir": root / "state",
+        }
+    )
     _, session = cassandra_cluster
     ensure_topics(s)
     migrate(session, s.keyspace, s.keyspace_replication)
@@ -122,11 +129,17 @@ class World:
         return name, key.text
 
     def register(self, tenant: str, policy: str, adapter: Path):
-        stored = self.store.put(adapter, tenant=tenant, policy=policy, base_model="tiny-llama",
-                                base_model_fingerprint=self.fingerprint)  # fmt: skip
+        stored = self.store.put(
+            adapter,
+            tenant=tenant,
+            policy=policy,
+            base_model="tiny-llama",
+            base_model_fingerprint=self.fingerprint,
+        )
         self.repo.create_policy(tenant, policy, "tiny-llama")
-        return self.repo.register_revision(tenant, policy, digest=stored.digest,
-                                           store_uri=stored.uri)  # fmt: skip
+        return self.repo.register_revision(
+            tenant, policy, digest=stored.digest, store_uri=stored.uri
+        )
 
     def promote(self, tenant: str, policy: str, revision: int, alias: str = "prod") -> None:
         """Move the alias (compare-and-set) and announce it on serving.events, as the
@@ -135,8 +148,12 @@ class World:
         from schemas import make_event
         from schemas.events import PromoteCommand
 
-        cmd = make_event(PromoteCommand(alias=alias, revision=revision), tenant=tenant,
-                         policy=policy, producer="test/operator")  # fmt: skip
+        cmd = make_event(
+            PromoteCommand(alias=alias, revision=revision),
+            tenant=tenant,
+            policy=policy,
+            producer="test/operator",
+        )
         self.producer.publish(execute_serving_command(self.repo, cmd, producer="test/controller"))
 
     def close(self) -> None:
@@ -154,14 +171,29 @@ def world(gw_settings, cassandra_cluster, gw_model) -> Iterator[World]:
 def engine(gw_settings, gw_model, tmp_path_factory):
     """`mint worker serving` on the module's prefix (a child process; ready when it answers),
     stopped when the module's tests are done."""
-    from mint.demo import Workers
+    from mint.dev.workers import Workers
 
     workers = Workers(gw_settings, gw_model, tmp_path_factory.mktemp("gw-logs"))
     try:
-        workers.start("engine", "serving", "--model", str(gw_model), "--engine-id", "gw-e2e",
-                      "--dtype", "float32", "--max-loras", "2", "--max-cpu-loras", "8",
-                      "--max-model-len", "256", "--max-lora-rank", "16",
-                      VLLM_CPU_OMP_THREADS_BIND="nobind")  # fmt: skip
+        workers.start(
+            "engine",
+            "serving",
+            "--model",
+            str(gw_model),
+            "--engine-id",
+            "gw-e2e",
+            "--dtype",
+            "float32",
+            "--max-loras",
+            "2",
+            "--max-cpu-loras",
+            "8",
+            "--max-model-len",
+            "256",
+            "--max-lora-rank",
+            "16",
+            VLLM_CPU_OMP_THREADS_BIND="nobind",
+        )
         yield workers
     finally:
         workers.stop_all()
@@ -170,9 +202,16 @@ def engine(gw_settings, gw_model, tmp_path_factory):
 def gateway_config(**kw):
     from gateway.config import GatewayConfig
 
-    base = {"host": "127.0.0.1", "port": 0, "answer_timeout_s": 180.0, "key_ttl_s": 1.0,
-            "catalog_ttl_s": 1.0, "max_body_bytes": 64 * 1024, "max_prompt_chars": 2000,
-            "max_tokens": 64}  # fmt: skip
+    base = {
+        "host": "127.0.0.1",
+        "port": 0,
+        "answer_timeout_s": 180.0,
+        "key_ttl_s": 1.0,
+        "catalog_ttl_s": 1.0,
+        "max_body_bytes": 64 * 1024,
+        "max_prompt_chars": 2000,
+        "max_tokens": 64,
+    }
     return GatewayConfig(**{**base, **kw})
 
 
@@ -211,17 +250,29 @@ class GatewayProcess:
 
     def __init__(self, settings, log: Path, *args: str) -> None:
         from gateway.main import _free_port
-        from mint.demo import Workers
+        from mint.dev.workers import Workers
 
         self.port = _free_port("127.0.0.1")
         self.url = f"http://127.0.0.1:{self.port}"
         env = Workers(settings, Path("."), log.parent).env()
         self.log = log.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mint.cli", "--log-format", "json", "gateway",
-             "--port", str(self.port), *args],
-            env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "mint.cli",
+                "--log-format",
+                "json",
+                "gateway",
+                "--port",
+                str(self.port),
+                *args,
+            ],
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.log_path = log
 
     def wait_ready(self, timeout_s: float = 90.0) -> GatewayProcess:

@@ -14,8 +14,13 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_gateway_latency_smoke(kafka_ready, cassandra_cluster) -> None:
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gateway_latency.py"),
-                           "--smoke"], capture_output=True, text=True, timeout=900, cwd=ROOT)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gateway_latency.py"), "--smoke"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     assert len(lines) == 1, proc.stdout[-2000:]

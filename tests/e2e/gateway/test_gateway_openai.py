@@ -12,17 +12,20 @@ import pytest
 
 from .conftest import GatewayProcess, chat_prompt_tokens, gateway_config, openai_client
 
-CHAT = [{"role": "system", "content": "You add numbers."},
-        {"role": "user", "content": "one plus one"},
-        {"role": "assistant", "content": "two"},
-        {"role": "user", "content": "two plus two"}]  # fmt: skip
+CHAT = [
+    {"role": "system", "content": "You add numbers."},
+    {"role": "user", "content": "one plus one"},
+    {"role": "assistant", "content": "two"},
+    {"role": "user", "content": "two plus two"},
+]
 
 
 def test_chat_and_completions_plain_and_streamed(served, gateway_a, gw_tokenizer) -> None:
     tenant, key, revs = served
     oa = openai_client(gateway_a.url, key)
-    raw = oa.chat.completions.with_raw_response.create(model="chat@prod", messages=CHAT,
-                                                       max_tokens=6, temperature=0)  # fmt: skip
+    raw = oa.chat.completions.with_raw_response.create(
+        model="chat@prod", messages=CHAT, max_tokens=6, temperature=0
+    )
     chat = raw.parse()
     text = chat.choices[0].message.content
     assert chat.system_fingerprint == revs[0].digest and chat.model == "chat@prod"
@@ -32,38 +35,54 @@ def test_chat_and_completions_plain_and_streamed(served, gateway_a, gw_tokenizer
     assert chat.usage.prompt_tokens == chat_prompt_tokens(gw_tokenizer, CHAT)
     assert 1 <= chat.usage.completion_tokens <= 6 and text
 
-    stream = oa.chat.completions.create(model="chat@prod", messages=CHAT, max_tokens=6,
-                                        temperature=0, stream=True,
-                                        stream_options={"include_usage": True})  # fmt: skip
+    stream = oa.chat.completions.create(
+        model="chat@prod",
+        messages=CHAT,
+        max_tokens=6,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
     assert chunks[-1].usage.completion_tokens == chat.usage.completion_tokens
     assert {c.system_fingerprint for c in chunks} == {revs[0].digest}
 
-    comp = oa.completions.create(model=f"{tenant}/chat@prod", prompt="the cat sat", max_tokens=5,
-                                 temperature=0, logprobs=0)  # fmt: skip
+    comp = oa.completions.create(
+        model=f"{tenant}/chat@prod", prompt="the cat sat", max_tokens=5, temperature=0, logprobs=0
+    )
     assert comp.usage.prompt_tokens == len(gw_tokenizer("the cat sat").input_ids)
     lp = comp.choices[0].logprobs
     assert len(lp.token_logprobs) == comp.usage.completion_tokens and max(lp.token_logprobs) <= 0
-    streamed = oa.completions.create(model="chat@prod", prompt="the cat sat", max_tokens=5,
-                                     temperature=0, stream=True)  # fmt: skip
+    streamed = oa.completions.create(
+        model="chat@prod", prompt="the cat sat", max_tokens=5, temperature=0, stream=True
+    )
     assert "".join(c.choices[0].text for c in streamed if c.choices) == comp.choices[0].text
 
-    sampled = oa.completions.create(model="chat@prod", prompt="the cat sat", max_tokens=5, n=3,
-                                    temperature=1.0, seed=11, stop=["\n"])  # fmt: skip
+    sampled = oa.completions.create(
+        model="chat@prod",
+        prompt="the cat sat",
+        max_tokens=5,
+        n=3,
+        temperature=1.0,
+        seed=11,
+        stop=["\n"],
+    )
     assert [c.index for c in sampled.choices] == [0, 1, 2]
     ids = [m.id for m in oa.models.list().data]
     assert ids == ["chat@prod"]
 
 
-def test_an_alias_move_changes_the_answering_revision_without_a_restart(served, world,
-                                                                        gateway_a) -> None:  # fmt: skip
+def test_an_alias_move_changes_the_answering_revision_without_a_restart(
+    served, world, gateway_a
+) -> None:
     tenant, key, revs = served
     oa = openai_client(gateway_a.url, key)
 
     def ask(model: str):
-        return oa.completions.with_raw_response.create(model=model, prompt="hello world",
-                                                       max_tokens=4, temperature=0)  # fmt: skip
+        return oa.completions.with_raw_response.create(
+            model=model, prompt="hello world", max_tokens=4, temperature=0
+        )
 
     before = ask("chat@prod")
     assert before.headers["x-mint-revision"] == "1"
@@ -109,11 +128,18 @@ def test_keys_tenants_bodies_and_rates(served, world, gateway_a, gw_adapters) ->
 
     # 400: an oversized body, out-of-bounds fields, unsupported parameters
     big = {"model": "chat@prod", "messages": [{"role": "user", "content": "x" * 70_000}]}
-    r = httpx.post(f"{gateway_a.url}/v1/chat/completions", json=big,
-                   headers={"Authorization": f"Bearer {key}"}, timeout=30)  # fmt: skip
+    r = httpx.post(
+        f"{gateway_a.url}/v1/chat/completions",
+        json=big,
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=30,
+    )
     assert r.status_code == 400 and r.json()["error"]["code"] == "request_too_large"
-    for kwargs, param in (({"max_tokens": 65}, "max_tokens"), ({"n": 9}, "n"),
-                          ({"top_logprobs": 3, "logprobs": True}, "top_logprobs")):  # fmt: skip
+    for kwargs, param in (
+        ({"max_tokens": 65}, "max_tokens"),
+        ({"n": 9}, "n"),
+        ({"top_logprobs": 3, "logprobs": True}, "top_logprobs"),
+    ):
         with pytest.raises(openai.BadRequestError) as e:
             oa.chat.completions.create(model="chat@prod", messages=msg, **kwargs)
         assert e.value.param == param
@@ -133,8 +159,9 @@ def test_no_engine_answer_is_503_with_retry_after(gw_settings, world, served) ->
 
     silent = gw_settings.model_copy(update={"topic_prefix": gw_settings.topic_prefix + "-idle"})
     ensure_topics(silent, ["infer.requests", "infer.results"])  # no engine consumes these
-    server = ThreadedServer(build(silent, gateway_config(answer_timeout_s=1.5,
-                                                         retry_after_s=7))).start()  # fmt: skip
+    server = ThreadedServer(
+        build(silent, gateway_config(answer_timeout_s=1.5, retry_after_s=7))
+    ).start()
     try:
         _, key, _ = served
         t0 = time.monotonic()
@@ -146,11 +173,13 @@ def test_no_engine_answer_is_503_with_retry_after(gw_settings, world, served) ->
         server.stop()
 
 
-def test_two_instances_each_get_only_their_own_answers(served, gw_settings, gateway_a,
-                                                       gw_tokenizer, tmp_path) -> None:  # fmt: skip
+def test_two_instances_each_get_only_their_own_answers(
+    served, gw_settings, gateway_a, gw_tokenizer, tmp_path
+) -> None:
     tenant, key, _ = served
-    b = GatewayProcess(gw_settings, tmp_path / "gateway-b.log", "--instance-id", "gw-b",
-                       "--key-ttl", "1").wait_ready()  # fmt: skip
+    b = GatewayProcess(
+        gw_settings, tmp_path / "gateway-b.log", "--instance-id", "gw-b", "--key-ttl", "1"
+    ).wait_ready()
     try:
         # prompts of distinct token counts: an answer's prompt_tokens names its request
         prompts = [" ".join(["word"] * (k + 1)) for k in range(12)]
@@ -163,7 +192,8 @@ def test_two_instances_each_get_only_their_own_answers(served, gw_settings, gate
         def ask(job):
             url, prompt = job
             return openai_client(url, key).completions.create(
-                model="chat@prod", prompt=prompt, max_tokens=3, temperature=0)  # fmt: skip
+                model="chat@prod", prompt=prompt, max_tokens=3, temperature=0
+            )
 
         with ThreadPoolExecutor(len(jobs)) as pool:
             answers = list(pool.map(ask, jobs))
@@ -179,3 +209,32 @@ def test_two_instances_each_get_only_their_own_answers(served, gw_settings, gate
         assert b_count("foreign") >= 6  # B saw A's answers go by and left them
     finally:
         b.stop()
+
+
+def test_a_prompt_past_the_context_and_a_hostile_body_are_400s(
+    served, gateway_a, gw_tokenizer
+) -> None:
+    """Issue 25: the engine (max-model-len 256) refuses an over-long prompt as infer.failed
+    stage validate, and the gateway answers OpenAI's 400 context_length_exceeded, not a 500;
+    the engine still answers the next request. A body nested past the parser is a 400 too."""
+    _, key, _ = served
+    oa = openai_client(gateway_a.url, key)
+    long = " ".join(["word"] * 390)  # under the gateway's 2,000 characters, over 256 tokens
+    assert len(gw_tokenizer(long).input_ids) > 256
+    with pytest.raises(openai.BadRequestError) as chat:
+        oa.chat.completions.create(
+            model="chat@prod", max_tokens=2, messages=[{"role": "user", "content": long}]
+        )
+    with pytest.raises(openai.BadRequestError) as completion:
+        oa.completions.create(model="chat@prod", prompt=long, max_tokens=2)
+    for e, param in ((chat.value, "messages"), (completion.value, "prompt")):
+        assert e.code == "context_length_exceeded" and e.param == param, e.body
+    assert oa.completions.create(model="chat@prod", prompt="hi", max_tokens=2).choices
+    deep = b'{"model":"chat@prod","messages":' + b"[" * 3000 + b"]" * 3000 + b"}"
+    r = httpx.post(
+        f"{gateway_a.url}/v1/chat/completions",
+        content=deep,
+        timeout=30,
+        headers={"Authorization": f"Bearer {key}"},
+    )
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"

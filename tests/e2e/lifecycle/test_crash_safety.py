@@ -9,7 +9,8 @@ import time
 import uuid
 
 from catalog.claims import write_jsonl
-from mint.demo import LORA_TARGETS, PROMPTS, TENANT, Workers
+from mint.demo import LORA_TARGETS, PROMPTS, TENANT
+from mint.dev.workers import Workers
 from mint.sdk import MintClient, rollouts_to_examples
 from schemas.events import InferRequested, LoraSpec, UpdateRequested
 from tests.integration.lifecycle._replay import assert_catalog_equals_replay
@@ -36,17 +37,32 @@ def test_kill9_trainer_mid_update_and_engine_mid_requests(
         client.base_models[POLICY] = str(lifecycle_model)
         r1 = client.init_policy(POLICY, lora=lora).revision
         client.promote(POLICY, r1, reason="baseline")
-        ro = client.rollout(POLICY, PROMPTS, revision=r1, reward="even_tokens",
-                            samples_per_prompt=8, max_tokens=8, seed=1)  # fmt: skip
+        ro = client.rollout(
+            POLICY,
+            PROMPTS,
+            revision=r1,
+            reward="even_tokens",
+            samples_per_prompt=8,
+            max_tokens=8,
+            seed=1,
+        )
 
         # --- the trainer, killed in the middle of a long update (100 GRPO steps) of a fresh
         # policy: the trainer logs "policy_added" when it starts on the request, before training.
         examples = rollouts_to_examples(ro.rows)
         uri = write_jsonl(client.store, TENANT, FRESH, "data", uuid.uuid4().hex, examples)
-        req = client.send(FRESH, UpdateRequested(
-            base_model=str(lifecycle_model), objective="rl", data_uri=uri, steps=100,
-            batch_size=len(examples), learning_rate=1e-2, lora=lora,
-        ))  # fmt: skip
+        req = client.send(
+            FRESH,
+            UpdateRequested(
+                base_model=str(lifecycle_model),
+                objective="rl",
+                data_uri=uri,
+                steps=100,
+                batch_size=len(examples),
+                learning_rate=1e-2,
+                lora=lora,
+            ),
+        )
         deadline = time.monotonic() + 300
         while not _log_has(workers, "trainer", f'"policy": "{TENANT}/{FRESH}"'):
             assert time.monotonic() < deadline, "the trainer never started the update"
@@ -57,8 +73,9 @@ def test_kill9_trainer_mid_update_and_engine_mid_requests(
         assert not early, "the update finished before the kill: make it longer"
         workers.stop("trainer", sig=signal.SIGKILL)
         t_killed = time.monotonic() - t_started
-        workers.start("trainer2", "trainer", "--base-model", str(lifecycle_model),
-                      OMP_NUM_THREADS="1")  # fmt: skip
+        workers.start(
+            "trainer2", "trainer", "--base-model", str(lifecycle_model), OMP_NUM_THREADS="1"
+        )
         done = client.wait_caused_by(req, "update.completed")
         export = client.wait_caused_by(req, "export.completed")
         # The kill fell inside the update: the whole (redone) update outlasts the time to kill.
@@ -70,12 +87,18 @@ def test_kill9_trainer_mid_update_and_engine_mid_requests(
         assert warm.revision == r1
         ids = [f"crash-{i}" for i in range(32)]
         for i, rid in enumerate(ids):
-            client.send(POLICY, InferRequested(request_id=rid, prompt=PROMPTS[i % 4],
-                                               max_tokens=110, temperature=1.0, seed=i))  # fmt: skip
+            client.send(
+                POLICY,
+                InferRequested(
+                    request_id=rid, prompt=PROMPTS[i % 4], max_tokens=110, temperature=1.0, seed=i
+                ),
+            )
 
         def answered() -> set[str]:
-            return {e.payload.request_id for e in client.events(POLICY, ["infer.completed",
-                                                                         "infer.failed"])}  # fmt: skip
+            return {
+                e.payload.request_id
+                for e in client.events(POLICY, ["infer.completed", "infer.failed"])
+            }
 
         time.sleep(0.5)
         before_kill = answered() & set(ids)
@@ -88,8 +111,9 @@ def test_kill9_trainer_mid_update_and_engine_mid_requests(
             time.sleep(0.5)
         missing = set(ids) - answered()
         assert not missing, f"{len(missing)} requests lost across the engine's kill -9"
-        results = [e for e in client.events(POLICY, ["infer.completed"])
-                   if e.payload.request_id in ids]  # fmt: skip
+        results = [
+            e for e in client.events(POLICY, ["infer.completed"]) if e.payload.request_id in ids
+        ]
         assert {e.payload.revision for e in results} == {r1}
 
         # --- no revision duplicated, the update announced once (one event id)
@@ -97,7 +121,7 @@ def test_kill9_trainer_mid_update_and_engine_mid_requests(
         assert [r.revision for r in client.revisions(POLICY)] == [r1]
         exports = client.events(FRESH, ["export.completed"])
         assert len({e.event_id for e in exports}) == 1
-        from mint.demo import wait_projected
+        from mint.dev.workers import wait_projected
 
         wait_projected(s, client.catalog)
     finally:

@@ -13,8 +13,15 @@ def test_demo_flow_promotes_through_the_gate_serves_and_rolls_back(
     lifecycle_settings, lifecycle_model, cassandra_cluster, tmp_path
 ) -> None:
     console = Console(file=(tmp_path / "console.txt").open("w"), width=120)
-    res = run_lifecycle(lifecycle_settings, lifecycle_model, console, max_rounds=4, gate=0.8,
-                        png=tmp_path / "curve.png", log_dir=tmp_path / "logs")  # fmt: skip
+    res = run_lifecycle(
+        lifecycle_settings,
+        lifecycle_model,
+        console,
+        max_rounds=4,
+        gate=0.8,
+        png=tmp_path / "curve.png",
+        log_dir=tmp_path / "logs",
+    )
     logs = {p.name: p.read_text()[-1500:] for p in (tmp_path / "logs").glob("*.log")}
     assert res.ok, (res, logs)
     # The promoted revision is the first that met the gate; revision 1 (the base) did not.
@@ -24,9 +31,11 @@ def test_demo_flow_promotes_through_the_gate_serves_and_rolls_back(
     assert {a.revision for a in res.served_after} == {1}
     assert [a.prompt for a in res.served_after] == list(TINY.show)
     moves = [(m.from_revision, m.to_revision, m.kind, m.moved_by) for m in res.history]
-    assert moves == [(res.promoted, 1, "rollback", "demo"),
-                     (1, res.promoted, "promote", "controller"),
-                     (None, 1, "promote", "demo")]  # fmt: skip
+    assert moves == [
+        (res.promoted, 1, "rollback", "demo"),
+        (1, res.promoted, "promote", "controller"),
+        (None, 1, "promote", "demo"),
+    ]
     assert res.png.stat().st_size > 10_000
     assert res.seconds < 600
     assert_catalog_equals_replay(lifecycle_settings, cassandra_cluster[1])

@@ -17,9 +17,13 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_fault_injection_smoke_holds_its_zeros() -> None:
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fault_injection.py"),
-                           "--smoke", "--secure"], capture_output=True, text=True, timeout=1200,
-                          cwd=ROOT)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "fault_injection.py"), "--smoke", "--secure"],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        cwd=ROOT,
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if len(lines) != 1:  # whole, under "Captured stdout" (an assertion message gets cut)
         print(proc.stdout[-3000:], proc.stderr[-8000:], sep="\n")

@@ -12,7 +12,9 @@ from safetensors.torch import load_file
 from catalog.artifacts import model_fingerprint
 from catalog.claims import read_jsonl
 from catalog.store import AdapterStore
-from mint.demo import REAL, TENANT, Workers, _eval_of
+from mint.demo import REAL, TENANT
+from mint.demo.lifecycle import _eval_of
+from mint.dev.workers import Workers
 from mint.sdk import MintClient
 from schemas.events import LoraSpec
 from tests.e2e.serving.conftest import HfReference
@@ -49,20 +51,34 @@ def test_a_grpo_round_on_the_real_model_through_the_workers(
     try:
         workers.start_all()
         client = MintClient(s, TENANT, producer="test", timeout_s=600)
-        client.create_policy(task.policy, base_model=str(smollm), suite=task.suite,
-                             thresholds={"reward": {"min": 1.01}})  # never promote here  # fmt: skip
-        lora = LoraSpec(rank=task.lora_rank, alpha=2 * task.lora_rank,
-                        target_modules=list(task.lora_targets))  # fmt: skip
+        client.create_policy(
+            task.policy,
+            base_model=str(smollm),
+            suite=task.suite,
+            thresholds={"reward": {"min": 1.01}},
+        )  # never promote here
+        lora = LoraSpec(
+            rank=task.lora_rank, alpha=2 * task.lora_rank, target_modules=list(task.lora_targets)
+        )
         init = client.init_policy(task.policy, lora=lora)
         base = _eval_of(client, task.policy, init.revision).payload
         assert base.metrics["samples"] == len(arithmetic.held_out_prompts()) == 30
         assert not base.passed
 
         prompts = task.round_prompts(1)
-        (rnd,) = client.train(task.policy, prompts, rounds=1, reward=task.reward,
-                              samples_per_prompt=8, max_tokens=task.max_tokens,
-                              temperature=task.temperature, learning_rate=task.learning_rate,
-                              chat=True, start_revision=init.revision, seed=1)  # fmt: skip
+        (rnd,) = client.train(
+            task.policy,
+            prompts,
+            rounds=1,
+            reward=task.reward,
+            samples_per_prompt=8,
+            max_tokens=task.max_tokens,
+            temperature=task.temperature,
+            learning_rate=task.learning_rate,
+            chat=True,
+            start_revision=init.revision,
+            seed=1,
+        )
         rows = read_jsonl(client.store, rnd.events[0].payload.rollouts_uri)
         assert len(rows) == 8 * len(prompts)
         tok = workers_tokenizer(smollm)
@@ -78,8 +94,9 @@ def test_a_grpo_round_on_the_real_model_through_the_workers(
         after = _eval_of(client, task.policy, rnd.revision).payload
         assert after.metrics["samples"] == 30 and 0.0 <= after.metrics["reward"] <= 1.0
         client.promote(task.policy, rnd.revision, reason="test: serve the trained revision")
-        answer = client.infer(task.policy, arithmetic.held_out_prompts()[0], chat=True,
-                              max_tokens=10)  # fmt: skip
+        answer = client.infer(
+            task.policy, arithmetic.held_out_prompts()[0], chat=True, max_tokens=10
+        )
         assert answer.revision == rnd.revision and answer.text.strip()
         stored_uri = client.catalog.get_revision(TENANT, task.policy, rnd.revision).store_uri
     finally:
@@ -107,15 +124,18 @@ def _assert_vllm_serves_it_like_hf_peft(model: Path, settings, uri: str, questio
     assert any(k.endswith("lora_B.weight") and v.abs().max() > 0 for k, v in weights.items()), (
         "one GRPO step left every B at zero: the adapter would not change the model"
     )
-    engine = VllmEngine(EngineConfig(model=str(model), max_loras=1, max_cpu_loras=2,
-                                     max_lora_rank=8, max_model_len=256))  # fmt: skip
+    engine = VllmEngine(
+        EngineConfig(
+            model=str(model), max_loras=1, max_cpu_loras=2, max_lora_rank=8, max_model_len=256
+        )
+    )
     try:
         handle = LoraHandle(1, "trained", stored.path)
         n = 8
-        outs = engine.generate([GenRequest(q, n, 0.0, logprobs=True, lora=handle, chat=True)
-                                for q in questions])  # fmt: skip
-        base = engine.generate([GenRequest(q, n, 0.0, logprobs=True, chat=True)
-                                for q in questions])  # fmt: skip
+        outs = engine.generate(
+            [GenRequest(q, n, 0.0, logprobs=True, lora=handle, chat=True) for q in questions]
+        )
+        base = engine.generate([GenRequest(q, n, 0.0, logprobs=True, chat=True) for q in questions])
     finally:
         engine.close()
     hf = HfReference(model, stored.path)

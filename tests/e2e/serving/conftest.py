@@ -90,10 +90,17 @@ HERE = Path(__file__).parent
 def serving_engine(tiny_llama: Path) -> Iterator:
     from workers.serving.engine import EngineConfig, VllmEngine
 
-    engine = VllmEngine(EngineConfig(
-        model=str(tiny_llama), max_loras=4, max_cpu_loras=8, max_lora_rank=16,
-        max_model_len=128, max_num_seqs=32, dtype="float32",
-    ))  # fmt: skip
+    engine = VllmEngine(
+        EngineConfig(
+            model=str(tiny_llama),
+            max_loras=4,
+            max_cpu_loras=8,
+            max_lora_rank=16,
+            max_model_len=128,
+            max_num_seqs=32,
+            dtype="float32",
+        )
+    )
     _ENGINES.append(engine)
     yield engine
     _stop_engines()
@@ -185,34 +192,71 @@ class Stack:
         self.store = AdapterStore.from_settings(settings)
         self.fingerprint = fingerprint
         cfg = engine.config
-        self.ws = WorkingSet(engine, self.store, cache_dir, base_model_fingerprint=fingerprint,
-                             max_loras=cfg.max_loras, max_cpu_loras=cfg.max_cpu_loras,
-                             max_disk_loras=1000, max_lora_rank=cfg.max_lora_rank)  # fmt: skip
+        self.ws = WorkingSet(
+            engine,
+            self.store,
+            cache_dir,
+            base_model_fingerprint=fingerprint,
+            max_loras=cfg.max_loras,
+            max_cpu_loras=cfg.max_cpu_loras,
+            max_disk_loras=1000,
+            max_lora_rank=cfg.max_lora_rank,
+        )
         self.resolver = ResolutionCache(repo.resolve, ttl_s=ttl_s)
-        self.core = ServingCore(engine, self.ws, self.resolver, engine_id=cfg.engine_id,
-                                base_model="tiny-llama", max_num_seqs=cfg.max_num_seqs)  # fmt: skip
+        self.core = ServingCore(
+            engine,
+            self.ws,
+            self.resolver,
+            engine_id=cfg.engine_id,
+            base_model="tiny-llama",
+            max_num_seqs=cfg.max_num_seqs,
+        )
         self.worker = ServingWorker(settings, self.core)
         self.producer = EventProducer(settings)
         self.adapter_dirs: dict[str, Path] = {}
 
     def register(self, tenant: str, policy: str, adapter_dir: Path, fingerprint: str | None = None):
         """Store the adapter and register it as the policy's next revision."""
-        stored = self.store.put(adapter_dir, tenant=tenant, policy=policy, base_model="tiny-llama",
-                                base_model_fingerprint=fingerprint or self.fingerprint)  # fmt: skip
+        stored = self.store.put(
+            adapter_dir,
+            tenant=tenant,
+            policy=policy,
+            base_model="tiny-llama",
+            base_model_fingerprint=fingerprint or self.fingerprint,
+        )
         self.repo.create_policy(tenant, policy, "tiny-llama")
-        rev = self.repo.register_revision(tenant, policy, digest=stored.digest,
-                                          store_uri=stored.uri)  # fmt: skip
+        rev = self.repo.register_revision(
+            tenant, policy, digest=stored.digest, store_uri=stored.uri
+        )
         self.adapter_dirs[stored.digest] = adapter_dir
         return rev
 
-    def request(self, tenant: str, policy: str, request_id: str, prompt: str, *,
-                revision: int | None = None, alias: str = "prod", max_tokens: int = 4):  # fmt: skip
+    def request(
+        self,
+        tenant: str,
+        policy: str,
+        request_id: str,
+        prompt: str,
+        *,
+        revision: int | None = None,
+        alias: str = "prod",
+        max_tokens: int = 4,
+    ):
         from schemas import make_event
         from schemas.events import InferRequested
 
-        return make_event(InferRequested(request_id=request_id, prompt=prompt, revision=revision,
-                                         alias=alias, max_tokens=max_tokens),
-                          tenant=tenant, policy=policy, producer="test/upstream")  # fmt: skip
+        return make_event(
+            InferRequested(
+                request_id=request_id,
+                prompt=prompt,
+                revision=revision,
+                alias=alias,
+                max_tokens=max_tokens,
+            ),
+            tenant=tenant,
+            policy=policy,
+            producer="test/upstream",
+        )
 
     def serve(self, envs: list, timeout_s: float = 240.0) -> dict[str, object]:
         """Publish requests, run the worker until every request_id has a result."""
@@ -222,8 +266,11 @@ class Stack:
         from schemas import decode_event
         from streams import make_consumer
 
-        results = make_consumer(self.settings, self.settings.topic("infer.results"),
-                                group_id=f"collect-{uuid.uuid4().hex[:8]}")  # fmt: skip
+        results = make_consumer(
+            self.settings,
+            self.settings.topic("infer.results"),
+            group_id=f"collect-{uuid.uuid4().hex[:8]}",
+        )
         self.producer.publish_many(envs)
         want = {e.payload.request_id for e in envs}
         got: dict[str, object] = {}

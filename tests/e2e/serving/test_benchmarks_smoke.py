@@ -15,8 +15,13 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def run_benchmark(name: str) -> dict:
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / name), "--smoke"],
-                          capture_output=True, text=True, timeout=900, cwd=ROOT)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / name), "--smoke"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     assert len(lines) == 1, proc.stdout[-2000:]

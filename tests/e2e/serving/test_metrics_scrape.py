@@ -25,8 +25,9 @@ def test_engine_metrics_move_with_cold_and_warm_traffic_and_logs_carry_the_reque
     rev = stack.register(t, "chat", variant_factory(301))
     before = scrape(port)
 
-    cold = [stack.request(t, "chat", f"cold-{i}", PROMPTS[i], revision=rev.revision)
-            for i in range(3)]  # fmt: skip
+    cold = [
+        stack.request(t, "chat", f"cold-{i}", PROMPTS[i], revision=rev.revision) for i in range(3)
+    ]
     with structlog.testing.capture_logs(
         processors=[structlog.contextvars.merge_contextvars]
     ) as logs:
@@ -50,8 +51,11 @@ def test_engine_metrics_move_with_cold_and_warm_traffic_and_logs_carry_the_reque
     records = "mint_consumer_records_total"
     assert total(after, records, group=group, topic=requests, outcome="handled") == 4
     assert total(after, records, group=group, topic=loads, outcome="handled") == 1  # one load
-    lag = [v for (n, lb), v in after.items() if n == "mint_consumer_lag_records"
-           and ("group", group) in lb and ("topic", requests) in lb]  # fmt: skip
+    lag = [
+        v
+        for (n, lb), v in after.items()
+        if n == "mint_consumer_lag_records" and ("group", group) in lb and ("topic", requests) in lb
+    ]
     assert lag and sum(lag) == 0, lag  # every request read
     assert total(after, "mint_consumer_held_records", group=group) == 0  # and answered
 

@@ -1,7 +1,7 @@
 """Engines as one consumer group, on real Kafka, Cassandra and vLLM engine processes.
 
-One deployment for the module (benchmarks/multi_engine.py is the harness: catalog, engine
-processes, upstream producer, collector): a catalog of policies, engines ``e1`` and ``e2``
+One deployment for the module (benchmarks/_engine_group.py and _traffic.py are the harness:
+catalog, engine processes, upstream producer, collector): a catalog of policies, engines ``e1`` and ``e2``
 (``mint worker serving --engine-id``), requests published upstream and every result read back
 from ``infer.results``. The tests run in order on it, never more than two engine processes at
 once (the serving tests' session engine may be up beside them):
@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import multi_engine as me
+from benchmarks import _engine_group as eg
+from benchmarks import _traffic as tr
 
 pytestmark = pytest.mark.slow
 
@@ -33,10 +34,10 @@ SKIPPED = "redelivered request was already answered"
 @dataclass
 class Deployment:
     settings: object
-    adapters: list[me.Adapter]
-    engines: me.EngineGroup
-    collector: me.Collector
-    upstream: me.Upstream
+    adapters: list[eg.Adapter]
+    engines: eg.EngineGroup
+    collector: tr.Collector
+    upstream: tr.Upstream
     used: set[int]  # adapter indices requested so far (the rest are cold everywhere)
 
     def cold(self, n: int, partitions: set[int] | None = None) -> list[int]:
@@ -47,7 +48,7 @@ class Deployment:
                 continue
             if (
                 partitions is None
-                or me.partition_of(a.tenant, a.policy, self.settings.topic_partitions) in partitions
+                or eg.partition_of(a.tenant, a.policy, self.settings.topic_partitions) in partitions
             ):
                 out.append(i)
             if len(out) == n:
@@ -55,16 +56,16 @@ class Deployment:
         assert len(out) == n, "the catalog ran out of cold adapters"
         return out
 
-    def publish(self, indices: list[int], wave: int) -> list[me.Sent]:
+    def publish(self, indices: list[int], wave: int) -> list[tr.Sent]:
         self.used.update(indices)
         return self.upstream.publish(wave, indices)
 
-    def answer_all(self, sent: list[me.Sent], timeout_s: float = 240.0) -> dict:
+    def answer_all(self, sent: list[tr.Sent], timeout_s: float = 240.0) -> dict:
         ids = [s.request_id for s in sent]
         ok = self.collector.wait_answered(ids, timeout_s, check=self.engines.check)
         time.sleep(2.0)  # a late second answer would land here
         results, loads = self.collector.snapshot()
-        fig = me.figures(sent, results, loads)
+        fig = tr.figures(sent, results, loads)
         assert ok, f"{fig['lost']} of {len(sent)} requests unanswered after {timeout_s} s"
         return fig
 
@@ -72,15 +73,15 @@ class Deployment:
 @pytest.fixture(scope="module")
 def deployment(kafka_ready, cassandra_cluster, tiny_llama: Path, tmp_path_factory):
     work = tmp_path_factory.mktemp("multi-engine")
-    settings = me.run_settings(work, partitions=6)
-    me.prepare(settings)
-    engines = me.EngineGroup(settings, tiny_llama, work / "logs", max_loras=4, max_cpu_loras=64)
+    settings = eg.run_settings(work, partitions=6)
+    eg.prepare(settings)
+    engines = eg.EngineGroup(settings, tiny_llama, work / "logs", max_loras=4, max_cpu_loras=64)
     collector = up = None
     try:
         engines.start("e1", "e2")  # they start while the catalog is built
-        adapters = me.build_catalog(settings, tiny_llama, 300, work)
-        collector = me.Collector(settings).__enter__()
-        up = me.Upstream(settings, adapters, max_tokens=4)
+        adapters = eg.build_catalog(settings, tiny_llama, 300, work)
+        collector = tr.Collector(settings).__enter__()
+        up = tr.Upstream(settings, adapters, max_tokens=4)
         engines.wait_members(["e1", "e2"], timeout_s=400)
         yield Deployment(settings, adapters, engines, collector, up, set())
     finally:
@@ -89,8 +90,8 @@ def deployment(kafka_ready, cassandra_cluster, tiny_llama: Path, tmp_path_factor
             up.close()
         if collector is not None:
             collector.__exit__()
-        me.delete_topics(settings)
-        me.drop_keyspace(settings)
+        eg.delete_topics(settings)
+        eg.drop_keyspace(settings)
 
 
 def test_two_engines_share_traffic_without_double_loads(deployment: Deployment) -> None:
@@ -98,7 +99,7 @@ def test_two_engines_share_traffic_without_double_loads(deployment: Deployment) 
     members = d.engines.members()
     assert set(members) == {"e1", "e2"} and members["e1"].isdisjoint(members["e2"])
     owner = {p: e for e, parts in members.items() for p in parts}
-    waves = me.zipf_waves(60, 60, 2, seed=1)  # Zipf over 60 cold adapters, two waves
+    waves = tr.zipf_waves(60, 60, 2, seed=1)  # Zipf over 60 cold adapters, two waves
     sent = []
     for w, indices in enumerate(waves):
         sent += d.publish(indices, w)
@@ -121,8 +122,13 @@ def test_kill_9_while_cold_requests_wait_survivor_answers_each_once(deployment) 
     e2_parts = members["e2"]
     results, _ = d.collector.snapshot()
     # Adapters e2 holds already (answered in the first test) and cold ones on its partitions.
-    warm = sorted({s.adapter for s in d.upstream.sent if s.partition in e2_parts
-                   and results[s.request_id][0].engine_id == "e2"})[:8]  # fmt: skip
+    warm = sorted(
+        {
+            s.adapter
+            for s in d.upstream.sent
+            if s.partition in e2_parts and results[s.request_id][0].engine_id == "e2"
+        }
+    )[:8]
     cold = d.cold(40, e2_parts)
     others = d.cold(6, members["e1"])
     # Per partition the cold requests come first and the warm ones after them: e2 answers the
@@ -153,7 +159,7 @@ def test_kill_9_while_cold_requests_wait_survivor_answers_each_once(deployment) 
 def test_rebalance_mid_wave_when_an_engine_joins_every_request_answered_once(deployment) -> None:
     d = deployment
     d.engines.start("e3")
-    sent: list[me.Sent] = []
+    sent: list[tr.Sent] = []
     stop = threading.Event()
     errors: list[BaseException] = []
     hot = sorted({s.adapter for s in d.upstream.sent})[:10]

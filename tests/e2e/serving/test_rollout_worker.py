@@ -15,26 +15,53 @@ from workers.serving.rollout import RolloutCore, run_rollout_worker
 from .conftest import PROMPTS
 
 
-def test_rollout_request_yields_tokens_logprobs_rewards(stack, variant_factory,
-                                                        hf_reference) -> None:  # fmt: skip
+def test_rollout_request_yields_tokens_logprobs_rewards(
+    stack, variant_factory, hf_reference
+) -> None:
     t = f"r{uuid.uuid4().hex[:8]}"
     rev = stack.register(t, "math", variant_factory(301))
-    core = RolloutCore(stack.engine, stack.ws, stack.resolver, stack.store,
-                       engine_id=stack.engine.config.engine_id)  # fmt: skip
-    greedy = make_event(RolloutRequested(base_model="tiny-llama", revision=rev.revision,
-                                         prompts=PROMPTS[:2], samples_per_prompt=1, max_tokens=5,
-                                         temperature=0.0, reward="distinct"),
-                        tenant=t, policy="math", producer="test/trainer")  # fmt: skip
-    sampled = make_event(RolloutRequested(base_model="tiny-llama", revision=rev.revision,
-                                          prompts=PROMPTS[:2], samples_per_prompt=3, max_tokens=5,
-                                          temperature=1.0, seed=3, reward="length"),
-                         tenant=t, policy="math", producer="test/trainer")  # fmt: skip
+    core = RolloutCore(
+        stack.engine, stack.ws, stack.resolver, stack.store, engine_id=stack.engine.config.engine_id
+    )
+    greedy = make_event(
+        RolloutRequested(
+            base_model="tiny-llama",
+            revision=rev.revision,
+            prompts=PROMPTS[:2],
+            samples_per_prompt=1,
+            max_tokens=5,
+            temperature=0.0,
+            reward="distinct",
+        ),
+        tenant=t,
+        policy="math",
+        producer="test/trainer",
+    )
+    sampled = make_event(
+        RolloutRequested(
+            base_model="tiny-llama",
+            revision=rev.revision,
+            prompts=PROMPTS[:2],
+            samples_per_prompt=3,
+            max_tokens=5,
+            temperature=1.0,
+            seed=3,
+            reward="length",
+        ),
+        tenant=t,
+        policy="math",
+        producer="test/trainer",
+    )
     stack.producer.publish_many([greedy, sampled])
-    stats = run_rollout_worker(stack.settings, core, stop=threading.Event(), max_records=2,
-                               idle_timeout_s=60)  # fmt: skip
+    stats = run_rollout_worker(
+        stack.settings, core, stop=threading.Event(), max_records=2, idle_timeout_s=60
+    )
     assert stats.handled == 2 and stats.dead_lettered == 0
-    results = make_consumer(stack.settings, stack.settings.topic("rollout.results"),
-                            group_id=f"c-{uuid.uuid4().hex[:6]}")  # fmt: skip
+    results = make_consumer(
+        stack.settings,
+        stack.settings.topic("rollout.results"),
+        group_id=f"c-{uuid.uuid4().hex[:6]}",
+    )
     got = {}
     for _ in range(50):
         for recs in results.poll(timeout_ms=200).values():
@@ -49,8 +76,9 @@ def test_rollout_request_yields_tokens_logprobs_rewards(stack, variant_factory,
     assert (g.num_rollouts, s.num_rollouts) == (2, 6)
     rows = read_jsonl(stack.store, g.rollouts_uri)
     for row in rows:  # greedy rows are HF + PEFT's greedy continuation, logprobs included
-        tokens, lps = hf_reference.greedy(stack.adapter_dirs[rev.digest], row["prompt_token_ids"],
-                                          len(row["token_ids"]))  # fmt: skip
+        tokens, lps = hf_reference.greedy(
+            stack.adapter_dirs[rev.digest], row["prompt_token_ids"], len(row["token_ids"])
+        )
         assert row["token_ids"] == tokens
         assert max(abs(a - b) for a, b in zip(row["logprobs"], lps, strict=True)) < 1e-3
         assert row["reward"] == get_reward("distinct")("", row["completion"], row["token_ids"])

@@ -33,14 +33,19 @@ def check_against_hf(stack, hf_reference, tokenizer, env, result) -> None:
 
 
 def promote(stack, tenant: str, policy: str, revision: int) -> None:
-    cmd = make_event(PromoteCommand(alias="prod", revision=revision), tenant=tenant,
-                     policy=policy, producer="test/operator")  # fmt: skip
+    cmd = make_event(
+        PromoteCommand(alias="prod", revision=revision),
+        tenant=tenant,
+        policy=policy,
+        producer="test/operator",
+    )
     moved = execute_serving_command(stack.repo, cmd, producer="test/controller")
     stack.producer.publish(moved)
 
 
-def test_alias_move_changes_output_without_restart(stack, variant_factory, hf_reference,
-                                                   tokenizer) -> None:  # fmt: skip
+def test_alias_move_changes_output_without_restart(
+    stack, variant_factory, hf_reference, tokenizer
+) -> None:
     t = f"a{uuid.uuid4().hex[:8]}"
     r1 = stack.register(t, "chat", variant_factory(101))
     r2 = stack.register(t, "chat", variant_factory(102))
@@ -75,13 +80,14 @@ def test_failed_loads_give_error_results_while_others_are_served(
     data[len(data) // 2] ^= 0x01  # a flipped bit in the weights
     weights.write_bytes(bytes(data))
     big = stack.register(t, "big", variant_factory(203, rank=32))  # engine max_lora_rank=16
-    stack.register(t, "otherbase", variant_factory(204),
-                                fingerprint="sha256:" + "ee" * 32)  # fmt: skip
+    stack.register(t, "otherbase", variant_factory(204), fingerprint="sha256:" + "ee" * 32)
     stack.repo.create_policy(t, "missing", "tiny-llama")
     gone = stack.repo.register_revision(
-        t, "missing", digest="sha256:" + "5" * 64,
+        t,
+        "missing",
+        digest="sha256:" + "5" * 64,
         store_uri=stack.store.uri_for(t, "missing", "sha256:" + "5" * 64),
-    )  # fmt: skip
+    )
     envs = []
     for i in range(3):
         envs.append(stack.request(t, "good", f"good-{i}", PROMPTS[i], revision=good.revision))
@@ -93,17 +99,28 @@ def test_failed_loads_give_error_results_while_others_are_served(
     # Its caller gave up (the gateway's deadline passed): answered, but nothing loaded for it.
     stack.register(t, "abandoned", variant_factory(205))
     late = stack.request(t, "abandoned", "abandoned", PROMPTS[0])
-    envs.append(late.model_copy(update={"payload": late.payload.model_copy(
-        update={"expires_at": datetime.now(UTC) - timedelta(seconds=1)})}))  # fmt: skip
+    envs.append(
+        late.model_copy(
+            update={
+                "payload": late.payload.model_copy(
+                    update={"expires_at": datetime.now(UTC) - timedelta(seconds=1)}
+                )
+            }
+        )
+    )
     got = stack.serve(envs)
     for i in range(3):
         check_against_hf(stack, hf_reference, tokenizer, envs[2 * i], got[f"good-{i}"])
         bad = got[f"corrupt-{i}"].payload
         assert isinstance(bad, InferFailed) and bad.stage == "load"
         assert "AdapterDigestMismatch" in bad.error and "digest" in bad.error
-    expected = {"big": ("load", "RankTooLarge"), "otherbase": ("load", "WrongBaseModel"),
-                "missing": ("load", "AdapterMissing"), "nosuch": ("resolve", "nosuch"),
-                "abandoned": ("expired", "expires_at")}  # fmt: skip
+    expected = {
+        "big": ("load", "RankTooLarge"),
+        "otherbase": ("load", "WrongBaseModel"),
+        "missing": ("load", "AdapterMissing"),
+        "nosuch": ("resolve", "nosuch"),
+        "abandoned": ("expired", "expires_at"),
+    }
     for rid, (stage, text) in expected.items():
         p = got[rid].payload
         assert isinstance(p, InferFailed), (rid, p)
@@ -131,8 +148,7 @@ def test_200_adapters_mixed_workload_with_4_gpu_slots(
     for j in range(100):  # a skewed tail: hot adapters get many requests
         i = min(int(rng.paretovariate(1.2)) - 1, 199)
         policy, rev = revs[i]
-        envs.append(stack.request(t, policy, f"hot{j}", rng.choice(PROMPTS),
-                                  revision=rev.revision))  # fmt: skip
+        envs.append(stack.request(t, policy, f"hot{j}", rng.choice(PROMPTS), revision=rev.revision))
     for j in range(20):
         envs.append(stack.request(t, f"p{j}", f"alias{j}", rng.choice(PROMPTS)))
     rng.shuffle(envs)
@@ -155,11 +171,17 @@ def test_a_catalog_outage_delays_a_request_but_never_fails_or_dead_letters_it(
     import time
 
     from catalog.exceptions import CatalogUnavailable
+    from catalog.refs import Ref
     from streams import health
 
     t = f"o{uuid.uuid4().hex[:8]}"
     rev = stack.register(t, "chat", variant_factory(301))
     promote(stack, t, "chat", rev.revision)
+    # The engine applies the promotion's alias.moved to its cache first (else that answer, not the
+    # catalog, would resolve the request and the outage would never be met).
+    key, deadline = Ref(t, "chat", alias="prod"), time.monotonic() + 60
+    while key not in stack.resolver._entries and time.monotonic() < deadline:
+        stack.worker.step(timeout_ms=50)
     real, until, seen = stack.resolver._resolve, time.monotonic() + 3, []
 
     def flaky(ref: str):

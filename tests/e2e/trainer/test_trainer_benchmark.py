@@ -13,8 +13,12 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_multi_policy_benchmark_smoke() -> None:
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "multi_policy_training.py"), "--smoke"],
-        capture_output=True, text=True, timeout=600, check=True, cwd=ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+        cwd=ROOT,
+    )
     lines = [line for line in out.stdout.splitlines() if line.strip()]
     assert len(lines) == 1, out.stdout
     result = json.loads(lines[0])
@@ -34,10 +38,18 @@ def test_multi_policy_benchmark_smoke() -> None:
 def test_multi_policy_benchmark_with_real_rollouts_through_kafka() -> None:
     """The production path: worker processes, vLLM rollouts through Kafka, the SDK's rounds."""
     out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "multi_policy_training.py"), "--smoke",
-         "--rollouts", "kafka"],
-        capture_output=True, text=True, timeout=900, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "multi_policy_training.py"),
+            "--smoke",
+            "--rollouts",
+            "kafka",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads([ln for ln in out.stdout.splitlines() if ln.startswith("{")][-1])
     assert result["rollouts"].startswith("vLLM engine worker through Kafka")

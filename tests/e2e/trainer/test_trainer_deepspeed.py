@@ -22,8 +22,9 @@ EXAMPLES = [
 def trajectory(base: Path, backend: str) -> list[float]:
     trainer = MultiPolicyTrainer(TrainerConfig(base_model=str(base), backend=backend))
     trainer.add_policy("acme/a", LoraShape(rank=8, alpha=16), seed=0)
-    trainer.add_policy("acme/b", LoraShape(rank=4, alpha=8, target_modules=["q_proj", "o_proj"]),
-                       seed=1)  # fmt: skip
+    trainer.add_policy(
+        "acme/b", LoraShape(rank=4, alpha=8, target_modules=["q_proj", "o_proj"]), seed=1
+    )
     batch = trainer.collate(EXAMPLES)
     losses = []
     for _ in range(8):

@@ -34,18 +34,35 @@ from workers.trainer import LoraShape, MultiPolicyTrainer, Rollout, SftExample, 
 ROOT = Path(__file__).resolve().parents[3]
 TOLERANCE = 1e-5
 TENANT, POLICY = "acme", "ranks"
-SFT = [{"prompt": f"question: {i} plus {i} equals? answer:", "completion": f" {2 * i}"}
-       for i in range(8)]  # fmt: skip
-RL = [{"prompt": f"count to {i // 4}:", "completion": " 1 2 3"[: 2 + 2 * (i % 4)],
-       "reward": float(i % 4 == i // 4), "group": i // 4} for i in range(8)]  # fmt: skip
+SFT = [
+    {"prompt": f"question: {i} plus {i} equals? answer:", "completion": f" {2 * i}"}
+    for i in range(8)
+]
+RL = [
+    {
+        "prompt": f"count to {i // 4}:",
+        "completion": " 1 2 3"[: 2 + 2 * (i % 4)],
+        "reward": float(i % 4 == i // 4),
+        "group": i // 4,
+    }
+    for i in range(8)
+]
 
 
 def test_benchmark_smoke_two_ranks_equal_one_and_each_holds_half(tiny_llama: Path) -> None:
     out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "deepspeed_ranks.py"), "--smoke",
-         "--model", str(tiny_llama)],
-        capture_output=True, text=True, timeout=600, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "deepspeed_ranks.py"),
+            "--smoke",
+            "--model",
+            str(tiny_llama),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     lines = [line for line in out.stdout.splitlines() if line.strip()]
     assert len(lines) == 1, out.stdout
@@ -81,10 +98,16 @@ def _free_port() -> int:
 
 def _request(base: Path, data_uri: str, parent: int | None, objective: str):
     payload = UpdateRequested(
-        base_model=str(base), parent_revision=parent, objective=objective, data_uri=data_uri,
-        steps=3, batch_size=8, learning_rate=1e-2, seed=0,
+        base_model=str(base),
+        parent_revision=parent,
+        objective=objective,
+        data_uri=data_uri,
+        steps=3,
+        batch_size=8,
+        learning_rate=1e-2,
+        seed=0,
         lora=LoraSpec(rank=8, alpha=16, target_modules=["q_proj", "v_proj"]),
-    )  # fmt: skip
+    )
     return make_event(payload, tenant=TENANT, policy=POLICY, producer="sdk/test")
 
 
@@ -96,20 +119,46 @@ class Worker:
     def __init__(self, settings, base: Path, log: Path, launcher: bool = False) -> None:
         self.log = log
         port = str(_free_port())
-        env = {**os.environ, "MINT_TOPIC_PREFIX": settings.topic_prefix,
-               "MINT_KEYSPACE": settings.keyspace, "MINT_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-               "MINT_TOPIC_PARTITIONS": str(settings.topic_partitions),
-               "MINT_STORE_URI": str(settings.adapter_store_root), "MINT_LOG_FORMAT": "json",
-               "MASTER_PORT": port, "PYTHONPATH": str(ROOT)}  # fmt: skip
+        env = {
+            **os.environ,
+            "MINT_TOPIC_PREFIX": settings.topic_prefix,
+            "MINT_KEYSPACE": settings.keyspace,
+            "MINT_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+            "MINT_TOPIC_PARTITIONS": str(settings.topic_partitions),
+            "MINT_STORE_URI": str(settings.adapter_store_root),
+            "MINT_LOG_FORMAT": "json",
+            "MASTER_PORT": port,
+            "PYTHONPATH": str(ROOT),
+        }
         env.pop("RANK", None)
-        mint = [sys.executable, "-m", "mint.cli", "worker", "trainer", "--backend", "deepspeed",
-                "--ranks", "2", "--base-model", str(base)]  # fmt: skip
+        mint = [
+            sys.executable,
+            "-m",
+            "mint.cli",
+            "worker",
+            "trainer",
+            "--backend",
+            "deepspeed",
+            "--ranks",
+            "2",
+            "--base-model",
+            str(base),
+        ]
         if launcher:
-            mint = [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2",
-                    "--master_port", port, "--no_python", "--no_local_rank", *mint]  # fmt: skip
+            mint = [
+                str(Path(sys.executable).parent / "deepspeed"),
+                "--num_gpus",
+                "2",
+                "--master_port",
+                port,
+                "--no_python",
+                "--no_local_rank",
+                *mint,
+            ]
         with log.open("wb") as out:
-            self.proc = subprocess.Popen(mint, env=env, cwd=ROOT, stdout=out, stderr=out,
-                                         start_new_session=True)  # fmt: skip
+            self.proc = subprocess.Popen(
+                mint, env=env, cwd=ROOT, stdout=out, stderr=out, start_new_session=True
+            )
 
     def events(self, name: str) -> list[dict]:
         found = []

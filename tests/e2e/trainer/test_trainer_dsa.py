@@ -26,9 +26,13 @@ MLA = ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]
 EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
 INDEXER = ["indexer.wq_b", "indexer.wk", "indexer.weights_proj"]
 DSA = LoraShape(4, 8.0, 0.0, MLA, EXPERTS)
-EXAMPLES = [SftExample(prompt=f"question: which colour is the {w} ball? answer:",
-                       completion=f" the {w} one, said the model") for w in
-            ("red", "green", "blue", "fast")]  # fmt: skip
+EXAMPLES = [
+    SftExample(
+        prompt=f"question: which colour is the {w} ball? answer:",
+        completion=f" the {w} one, said the model",
+    )
+    for w in ("red", "green", "blue", "fast")
+]
 PROMPTS = ["question: count from one to five. answer:", "the quick brown fox jumps over"]
 
 
@@ -79,8 +83,9 @@ def _dense_logits(model: torch.nn.Module, batch) -> torch.Tensor:
 
 
 def _lora_weights(trainer: MultiPolicyTrainer, adapter: str) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in trainer.model.named_parameters()
-            if f".{adapter}." in n}  # fmt: skip
+    return {
+        n: p.detach().clone() for n, p in trainer.model.named_parameters() if f".{adapter}." in n
+    }
 
 
 def _changed(before: dict[str, torch.Tensor], trainer: MultiPolicyTrainer) -> set[str]:
@@ -90,8 +95,9 @@ def _changed(before: dict[str, torch.Tensor], trainer: MultiPolicyTrainer) -> se
 
 def test_dsa_sft_trains_and_exports_for_stock_peft(tiny_models, tmp_path: Path) -> None:
     base_path = tiny_models[ARCH]
-    trainer = MultiPolicyTrainer(TrainerConfig(base_model=str(base_path)),
-                                 store=AdapterStore(tmp_path / "store"))  # fmt: skip
+    trainer = MultiPolicyTrainer(
+        TrainerConfig(base_model=str(base_path)), store=AdapterStore(tmp_path / "store")
+    )
     state = trainer.add_policy("acme/dsa", DSA, seed=0)
     before = _lora_weights(trainer, state.adapter)
 
@@ -129,8 +135,7 @@ def test_dsa_grpo_step_moves_the_policy(tiny_models) -> None:
     with _Sparse(trainer.model) as sparse:  # decoding with the indexer's key cache
         rows = trainer.sample("acme/rl", PROMPTS, n=4, max_new_tokens=6, seed=0)
     sparse.assert_sparse()
-    rollouts = [Rollout(**r, reward=sum(t % 2 == 0 for t in r["completion_ids"]) / 6)
-                for r in rows]  # fmt: skip
+    rollouts = [Rollout(**r, reward=sum(t % 2 == 0 for t in r["completion_ids"]) / 6) for r in rows]
     batch = trainer.collate(rollouts, add_eos=False)
     assert batch.rewards.std() > 0
 
@@ -167,8 +172,9 @@ def test_indexer_lora_gets_no_gradient_from_the_lm_loss(tiny_models, monkeypatch
     attention distribution; the trainer has no such objective."""
     base = AutoModelForCausalLM.from_pretrained(str(tiny_models[ARCH]), dtype=torch.float32)
     # init_lora_weights=False: B ≠ 0, so every LoRA has a path to the output if one exists.
-    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=MLA + INDEXER,
-                                            init_lora_weights=False))  # fmt: skip
+    model = get_peft_model(
+        base, LoraConfig(r=4, lora_alpha=8, target_modules=MLA + INDEXER, init_lora_weights=False)
+    )
     model.train()
     ids = torch.randint(5, 2000, (2, 24), generator=torch.Generator().manual_seed(0))
     forward = DeepseekV32Indexer.forward
@@ -181,8 +187,11 @@ def test_indexer_lora_gets_no_gradient_from_the_lm_loss(tiny_models, monkeypatch
         sparse.assert_sparse()
         grads = {n: p.grad for n, p in model.named_parameters() if ".lora_" in n}
         for proj in MLA:
-            assert all(g is not None and g.abs().sum() > 0
-                       for n, g in grads.items() if f".{proj}.lora_" in n), proj  # fmt: skip
+            assert all(
+                g is not None and g.abs().sum() > 0
+                for n, g in grads.items()
+                if f".{proj}.lora_" in n
+            ), proj
         indexer = {n: g for n, g in grads.items() if ".indexer." in n}
         assert len(indexer) == 2 * 2 * len(INDEXER)  # layers × (A, B) × projections
         assert all(g is None for g in indexer.values()), (unwrapped, indexer)

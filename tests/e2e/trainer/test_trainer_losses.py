@@ -49,11 +49,19 @@ def test_rollout_worker_rows_parse_and_collate(tiny_llama) -> None:
     tok = AutoTokenizer.from_pretrained(str(tiny_llama))
     # The row shape workers.serving.rollout writes (vLLM token ids and sampled-token logprobs).
     rows = [
-        {"prompt_index": i // 2, "sample": i % 2, "prompt": "hi", "prompt_token_ids": [1, 40],
-         "completion": "", "token_ids": [5, 6, 7][: 2 + i % 2],
-         "logprobs": [-1.0, -2.0, -3.0][: 2 + i % 2], "finish_reason": "length", "reward": i}
+        {
+            "prompt_index": i // 2,
+            "sample": i % 2,
+            "prompt": "hi",
+            "prompt_token_ids": [1, 40],
+            "completion": "",
+            "token_ids": [5, 6, 7][: 2 + i % 2],
+            "logprobs": [-1.0, -2.0, -3.0][: 2 + i % 2],
+            "finish_reason": "length",
+            "reward": i,
+        }
         for i in range(4)
-    ]  # fmt: skip
+    ]
     batch = collate(tok, parse_examples(rows, "rl"), max_len=64, add_eos=False)
     assert batch.groups.tolist() == [0, 0, 1, 1]
     assert batch.input_ids[1].tolist() == [1, 40, 5, 6, 7]

@@ -20,15 +20,18 @@ CASES = {
         4, 8.0, 0.0, ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"], EXPERTS
     ),
 }
-EXAMPLES = [SftExample(prompt=f"the {w} model", completion=f" {w} adapter") for w in
-            ("red", "green", "blue", "fast")]  # fmt: skip
+EXAMPLES = [
+    SftExample(prompt=f"the {w} model", completion=f" {w} adapter")
+    for w in ("red", "green", "blue", "fast")
+]
 
 
 @pytest.mark.parametrize("arch", sorted(CASES))
 def test_moe_lora_trains_and_exports_for_stock_peft(tiny_models, arch: str, tmp_path: Path):
     base_path = tiny_models[arch]
-    trainer = MultiPolicyTrainer(TrainerConfig(base_model=str(base_path)),
-                                 store=AdapterStore(tmp_path / "store"))  # fmt: skip
+    trainer = MultiPolicyTrainer(
+        TrainerConfig(base_model=str(base_path)), store=AdapterStore(tmp_path / "store")
+    )
     state = trainer.add_policy("acme/moe", CASES[arch], seed=0)
     trainer.add_policy("acme/other", CASES[arch], seed=1)  # a second policy on the same base
     trained = {n for n, _ in trainer.model.named_parameters() if f".{state.adapter}." in n}
@@ -39,8 +42,11 @@ def test_moe_lora_trains_and_exports_for_stock_peft(tiny_models, arch: str, tmp_
     first = trainer.sft_step("acme/moe", batch, lr=1e-2)
     second = trainer.sft_step("acme/moe", batch, lr=1e-2)
     assert second.loss < first.loss
-    changed = {n for n, p in trainer.model.named_parameters() if n in trained
-               and not torch.equal(before[n], p)}  # fmt: skip
+    changed = {
+        n
+        for n, p in trainer.model.named_parameters()
+        if n in trained and not torch.equal(before[n], p)
+    }
     assert any(".experts." in n for n in changed), "the expert LoRA weights were updated"
     for proj in CASES[arch].target_modules:
         assert any(f".{proj}." in n for n in changed), proj

@@ -1,6 +1,5 @@
 """A trained Qwen3-MoE adapter is stored with its packed file; the trainer resumes a parent from
-the packed file exactly as stock PEFT loads the PEFT file; the engine's w1/w2/w3 stacks from the
-packed file reproduce the PEFT model's expert outputs."""
+the packed file exactly as stock PEFT loads the PEFT file."""
 
 from __future__ import annotations
 
@@ -14,24 +13,31 @@ from peft import PeftModel
 from catalog.artifacts import PACKED_FILE
 from catalog.packed import read_peft_weights
 from catalog.store import AdapterStore
-from workers.serving.moe_lora import load_moe_lora
 from workers.trainer import LoraShape, MultiPolicyTrainer, SftExample, TrainerConfig
 
 EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
-EXAMPLES = [SftExample(prompt=f"the {w} model", completion=f" {w} adapter") for w in
-            ("red", "green", "blue", "fast")]  # fmt: skip
+EXAMPLES = [
+    SftExample(prompt=f"the {w} model", completion=f" {w} adapter")
+    for w in ("red", "green", "blue", "fast")
+]
 
 
 def lora_params(trainer: MultiPolicyTrainer, policy: str) -> dict[str, torch.Tensor]:
     name = trainer.policy(policy).adapter
-    return {n.replace(f".{name}.", "."): p.detach().clone()
-            for n, p in trainer.model.named_parameters() if f".{name}." in n}  # fmt: skip
+    return {
+        n.replace(f".{name}.", "."): p.detach().clone()
+        for n, p in trainer.model.named_parameters()
+        if f".{name}." in n
+    }
 
 
-def test_moe_parent_loads_from_packed_file_like_stock_peft(tiny_models, tmp_path: Path,
-                                                           monkeypatch):  # fmt: skip
-    trainer = MultiPolicyTrainer(TrainerConfig(base_model=str(tiny_models["qwen3-moe"])),
-                                 store=AdapterStore(tmp_path / "store"))  # fmt: skip
+def test_moe_parent_loads_from_packed_file_like_stock_peft(
+    tiny_models, tmp_path: Path, monkeypatch
+):
+    trainer = MultiPolicyTrainer(
+        TrainerConfig(base_model=str(tiny_models["qwen3-moe"])),
+        store=AdapterStore(tmp_path / "store"),
+    )
     lora = LoraShape(4, 8.0, 0.0, ["q_proj", "o_proj"], EXPERTS)
     trainer.add_policy("acme/moe", lora, seed=0)
     batch = trainer.collate(EXAMPLES)
@@ -68,8 +74,10 @@ def test_moe_parent_loads_from_packed_file_like_stock_peft(tiny_models, tmp_path
         assert torch.equal(packed[n], trained[n]) and torch.equal(stock[n], trained[n]), n
     torch.testing.assert_close(
         trainer.logits("acme/from-packed", batch.input_ids, batch.attention_mask),
-        trainer.logits("acme/moe", batch.input_ids, batch.attention_mask), rtol=0, atol=0,
-    )  # fmt: skip
+        trainer.logits("acme/moe", batch.input_ids, batch.attention_mask),
+        rtol=0,
+        atol=0,
+    )
     # It trains on from there exactly like the stock-loaded copy.
     a = trainer.sft_step("acme/from-packed", batch, lr=1e-2)
     b = trainer.sft_step("acme/from-peft", batch, lr=1e-2)
@@ -77,33 +85,3 @@ def test_moe_parent_loads_from_packed_file_like_stock_peft(tiny_models, tmp_path
     packed, stock = lora_params(trainer, "acme/from-packed"), lora_params(trainer, "acme/from-peft")
     assert all(torch.equal(packed[n], stock[n]) for n in packed)
     assert any(not torch.equal(packed[n], trained[n]) for n in packed if ".experts." in n)
-
-
-@torch.no_grad()
-def test_engine_stacks_reproduce_the_peft_expert_outputs(tiny_models, tmp_path: Path):
-    trainer = MultiPolicyTrainer(TrainerConfig(base_model=str(tiny_models["qwen3-moe"])),
-                                 store=AdapterStore(tmp_path / "store"))  # fmt: skip
-    state = trainer.add_policy("acme/moe", LoraShape(4, 8.0, 0.0, ["q_proj"], EXPERTS), seed=0)
-    for p in state.params:  # fresh LoRA B is zero: give every factor a value
-        p.normal_(0, 0.05)
-    stored = trainer.export("acme/moe", "acme", "moe")
-    engine = load_moe_lora(stored.path)
-    assert engine.source == "packed"
-    trainer.activate("acme/moe")
-    hidden = trainer.base.config.hidden_size
-    x = torch.randn(6, hidden, generator=torch.Generator().manual_seed(0))
-    for layer, block in enumerate(trainer.model.base_model.model.model.layers):
-        wrapper = block.mlp.experts  # PEFT's ParamWrapper(down_proj) around (gate_up_proj)
-        base = wrapper.get_base_layer()
-        w = engine.experts[f"model.layers.{layer}.mlp.experts"]
-        for e in range(base.num_experts):
-            idx = torch.full((x.shape[0], 1), e)
-            want = wrapper(x, idx, torch.ones(x.shape[0], 1))
-            w1, w2, w3 = (base.gate_up_proj[e, : base.intermediate_dim], base.down_proj[e],
-                          base.gate_up_proj[e, base.intermediate_dim :])  # fmt: skip
-            w1, w2, w3 = (
-                wb + w.scaling[i] * w.lora_b[i][e] @ w.lora_a[i][e]
-                for i, wb in enumerate((w1, w2, w3))
-            )
-            got = (base.act_fn(x @ w1.T) * (x @ w3.T)) @ w2.T
-            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

@@ -11,8 +11,11 @@ from transformers import AutoModelForCausalLM
 from workers.trainer.data import Rollout, collate
 from workers.trainer.prefix import plain_logprobs, shared_prefix_logprobs
 
-TARGETS = {"llama": ["q_proj", "v_proj", "down_proj"], "qwen3-moe": ["q_proj", "o_proj"],
-           "deepseek-v3": ["q_a_proj", "kv_b_proj", "o_proj"]}  # fmt: skip
+TARGETS = {
+    "llama": ["q_proj", "v_proj", "down_proj"],
+    "qwen3-moe": ["q_proj", "o_proj"],
+    "deepseek-v3": ["q_a_proj", "kv_b_proj", "o_proj"],
+}
 
 
 class _Tok:
@@ -36,8 +39,9 @@ def test_shared_prefix_equals_plain_forward_and_gradient(tiny_models, arch: str)
     base = AutoModelForCausalLM.from_pretrained(tiny_models[arch], dtype=torch.float32)
     # init_lora_weights=False: B ≠ 0, so the LoRA changes the prompt's keys and values and a
     # gradient that skipped the prompt would differ.
-    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS[arch],
-                                            init_lora_weights=False))  # fmt: skip
+    model = get_peft_model(
+        base, LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS[arch], init_lora_weights=False)
+    )
     model.train()
     batch = collate(_Tok(), _rows(), max_len=64, add_eos=False)
     args = (batch.input_ids, batch.attention_mask, batch.loss_mask)

@@ -15,8 +15,9 @@ from mint.cli import main
 
 
 def build(out: Path, arch: str = "llama", seed: int = 0) -> Path:
-    result = CliRunner().invoke(main, ["models", "tiny", "--arch", arch, "--out", str(out),
-                                       "--seed", str(seed)])  # fmt: skip
+    result = CliRunner().invoke(
+        main, ["models", "tiny", "--arch", arch, "--out", str(out), "--seed", str(seed)]
+    )
     assert result.exit_code == 0, result.output
     return out
 
@@ -32,10 +33,15 @@ def test_same_seed_same_bytes_and_another_seed_other_weights(tmp_path: Path) -> 
     assert model_fingerprint(a) == model_fingerprint(b) != model_fingerprint(c)
     # The fingerprint is the same when another process computes it.
     other = subprocess.run(
-        [sys.executable, "-c",
-         f"from catalog.artifacts import model_fingerprint; print(model_fingerprint({str(a)!r}))"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            f"from catalog.artifacts import model_fingerprint; print(model_fingerprint({str(a)!r}))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert other == model_fingerprint(a)
 
 
@@ -52,7 +58,8 @@ def test_folders_load_in_transformers(tiny_models, arch: str) -> None:
 
 def test_occupied_folder_is_refused(tmp_path: Path) -> None:
     build(tmp_path / "a")
-    result = CliRunner().invoke(main, ["models", "tiny", "--arch", "llama", "--out",
-                                       str(tmp_path / "a")])  # fmt: skip
+    result = CliRunner().invoke(
+        main, ["models", "tiny", "--arch", "llama", "--out", str(tmp_path / "a")]
+    )
     # The console wraps long paths: compare with whitespace collapsed.
     assert result.exit_code == 1 and "exists and is not empty" in " ".join(result.output.split())

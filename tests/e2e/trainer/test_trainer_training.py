@@ -111,8 +111,13 @@ def test_store_refuses_a_poisoned_export_and_a_foreign_base(tiny_models, tmp_pat
     weights[key][0, 0] = float("nan")
     save_file(weights, str(out / "adapter_model.safetensors"))
     with pytest.raises(NonFiniteWeights, match="NaN/Inf"):
-        store.put(out, tenant="acme", policy="a", base_model="tiny",
-                  base_model_fingerprint=trainer.fingerprint)  # fmt: skip
+        store.put(
+            out,
+            tenant="acme",
+            policy="a",
+            base_model="tiny",
+            base_model_fingerprint=trainer.fingerprint,
+        )
     stored = trainer.export("acme/a", "acme", "a")
     moe = MultiPolicyTrainer(TrainerConfig(base_model=str(tiny_models["qwen3-moe"])))
     with pytest.raises(BaseModelMismatch, match="this engine's base has fingerprint"):
@@ -130,18 +135,22 @@ def test_resume_from_a_stored_revision(tiny_llama: Path, tmp_path: Path) -> None
     parent = store.open(stored.uri, base_model_fingerprint=second.fingerprint)
     second.add_policy("acme/a", parent=parent, parent_revision=1)
     torch.testing.assert_close(
-        second.logits("acme/a", batch.input_ids), first.logits("acme/a", batch.input_ids),
-        atol=1e-5, rtol=0,
-    )  # fmt: skip
+        second.logits("acme/a", batch.input_ids),
+        first.logits("acme/a", batch.input_ids),
+        atol=1e-5,
+        rtol=0,
+    )
     loss = second.sft_step("acme/a", batch, lr=1e-2).loss
     assert loss == pytest.approx(first.sft_step("acme/a", batch, lr=1e-2).loss, abs=0.05)
 
 
 def test_lm_head_lora_exports_lora_tensors_only(tiny_llama: Path, tmp_path: Path) -> None:
-    trainer = MultiPolicyTrainer(TrainerConfig(base_model=str(tiny_llama)),
-                                 store=AdapterStore(tmp_path / "store"))  # fmt: skip
-    trainer.add_policy("acme/rl", LoraShape(rank=8, alpha=16, target_modules=["q_proj", "lm_head"]),
-                       seed=0)  # fmt: skip
+    trainer = MultiPolicyTrainer(
+        TrainerConfig(base_model=str(tiny_llama)), store=AdapterStore(tmp_path / "store")
+    )
+    trainer.add_policy(
+        "acme/rl", LoraShape(rank=8, alpha=16, target_modules=["q_proj", "lm_head"]), seed=0
+    )
     batch = trainer.collate(TOY_SFT)
     trainer.sft_step("acme/rl", batch, lr=1e-2)
     stored = trainer.export("acme/rl", "acme", "rl")
@@ -157,15 +166,17 @@ def test_lm_head_lora_exports_lora_tensors_only(tiny_llama: Path, tmp_path: Path
 
 
 @pytest.mark.parametrize("with_store", [True, False])
-def test_evict_and_continue_gives_the_weights_of_no_eviction(tiny_llama: Path, tmp_path: Path,
-                                                             with_store: bool) -> None:  # fmt: skip
+def test_evict_and_continue_gives_the_weights_of_no_eviction(
+    tiny_llama: Path, tmp_path: Path, with_store: bool
+) -> None:
     store = AdapterStore(tmp_path / "store") if with_store else None
     lora = LoraShape(rank=4, alpha=8, target_modules=["q_proj", "v_proj"])
     batch_rows = TOY_SFT[:4]
 
     def train(max_policies: int) -> list[torch.Tensor]:
-        trainer = MultiPolicyTrainer(TrainerConfig(base_model=str(tiny_llama),
-                                                   max_policies=max_policies), store)  # fmt: skip
+        trainer = MultiPolicyTrainer(
+            TrainerConfig(base_model=str(tiny_llama), max_policies=max_policies), store
+        )
         batch = trainer.collate(batch_rows)
         trainer.add_policy("acme/a", lora, seed=0)
         for _ in range(2):  # unexported steps and optimizer state that no revision holds
@@ -180,7 +191,8 @@ def test_evict_and_continue_gives_the_weights_of_no_eviction(tiny_llama: Path, t
         return out
 
     resident, evicted = train(max_policies=2), train(max_policies=1)
-    assert all(torch.allclose(a, b, atol=1e-6, rtol=0) for a, b in zip(resident, evicted,
-                                                                        strict=True))  # fmt: skip
+    assert all(
+        torch.allclose(a, b, atol=1e-6, rtol=0) for a, b in zip(resident, evicted, strict=True)
+    )
     if store is not None:  # the saved state was consumed on return
         assert not (store.root / "acme" / "a" / "trainer-state").exists()

@@ -6,11 +6,13 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 
 from catalog.repository import CatalogRepository
 from streams.topics import ensure_topics
+from workers.controller.worker import run_controller
 
 from .conftest import digest_of
 
@@ -19,16 +21,38 @@ from .conftest import digest_of
 def cli(settings, cassandra_cluster):
     _, session = cassandra_cluster
     ensure_topics(settings)
-    env = {**os.environ, "MINT_TOPIC_PREFIX": settings.topic_prefix,
-           "MINT_KEYSPACE": settings.keyspace, "COLUMNS": "200"}  # fmt: skip
+    env = {
+        **os.environ,
+        "MINT_TOPIC_PREFIX": settings.topic_prefix,
+        "MINT_KEYSPACE": settings.keyspace,
+        "COLUMNS": "200",
+    }
+
+    stop, controller = threading.Event(), []
 
     def run(*args: str, ok: bool = True) -> subprocess.CompletedProcess:
-        p = subprocess.run([sys.executable, "-m", "mint.cli", "catalog", *args], env=env,
-                           capture_output=True, text=True, timeout=120)  # fmt: skip
+        if args[0] in ("promote", "rollback") and not controller:
+            # Alias commands go through serving.commands: the controller carries them out.
+            controller.append(
+                threading.Thread(
+                    target=run_controller, args=(settings,), kwargs={"stop": stop}, daemon=True
+                )
+            )
+            controller[0].start()
+        p = subprocess.run(
+            [sys.executable, "-m", "mint.cli", "catalog", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert (p.returncode == 0) == ok, p.stderr
         return p
 
     yield run, session
+    stop.set()
+    for t in controller:
+        t.join(timeout=30)
     session.execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}", timeout=60)
 
 
@@ -41,8 +65,9 @@ def test_migrate_promote_rollback_resolve_history(cli, settings):
     run("create-policy", "acme/math-rl", "--base-model", "tiny-llama")
     repo = CatalogRepository(session, settings.keyspace)
     for n in (1, 2):
-        repo.register_revision("acme", "math-rl", digest=digest_of(n),
-                               store_uri=f"file:///s/acme/math-rl/{n}")  # fmt: skip
+        repo.register_revision(
+            "acme", "math-rl", digest=digest_of(n), store_uri=f"file:///s/acme/math-rl/{n}"
+        )
     run("promote", "acme/math-rl@prod", "--to", "1", "--by", "alice")
     run("promote", "acme/math-rl@prod", "--to", "2", "--expected", "1", "--reason", "eval ok")
     stale = run("promote", "acme/math-rl@prod", "--to", "1", "--expected", "1", ok=False)

@@ -44,9 +44,17 @@ def migrated(cassandra_cluster, base_settings):
 
 
 def good(t: str, p: str, n: int, **changes) -> dict:
-    return {"tenant": t, "policy": p, "revision": n, "digest": digest_of(t, p, n),
-            "uri": f"file:///store/{t}/{p}/{n}", "base_model": "tiny-llama",
-            "created_at": CREATED, "rank": 8, **changes}  # fmt: skip
+    return {
+        "tenant": t,
+        "policy": p,
+        "revision": n,
+        "digest": digest_of(t, p, n),
+        "uri": f"file:///store/{t}/{p}/{n}",
+        "base_model": "tiny-llama",
+        "created_at": CREATED,
+        "rank": 8,
+        **changes,
+    }
 
 
 def write_jsonl(path: Path, rows: list) -> Path:
@@ -63,24 +71,30 @@ def test_bad_lines_go_to_rejects_good_ones_resolve_and_a_second_import_changes_n
 ):
     session, make = migrated
     ks = make()
-    f = write_jsonl(tmp_path / "export.jsonl", [
-        good("acme", "a", 1),                                          # 1
-        good("acme", "a", 2, aliases=["prod"]),                        # 2
-        good("acme", "a", 3),                                          # 3
-        "",                                                            # 4 blank
-        good("acme", "b", 1, aliases=["prod", "canary"]),              # 5
-        good("acme", "b", 2),                                          # 6
-        {**good("acme", "b", 3), "digest": "sha256:nothex"},           # 7 bad digest
-        {**good("acme", "b", 3), "uri": "s3://bucket/other/b/3"},      # 8 outside namespace
-        good("acme", "a", 2, aliases=["prod"]),                        # 9 same line again
-        {**good("acme", "a", 2), "digest": digest_of("other")},        # 10 revision 2 again
-        {**good("acme", "a", 4), "digest": digest_of("acme", "a", 1)}, # 11 digest of revision 1
-        good("acme", "a", 5, aliases=["prod"]),                        # 12 prod points at 2
-        "{not json",                                                   # 13
-        {**good("beta", "c", 1), "parent": 1},                         # 14 unknown field
-        good("beta", "c", 1, created_at=None),                         # 15 undated
-        good("beta", "c", 2, base_model="other"),                      # 16 another base model
-    ])  # fmt: skip
+    f = write_jsonl(
+        tmp_path / "export.jsonl",
+        [
+            good("acme", "a", 1),  # 1
+            good("acme", "a", 2, aliases=["prod"]),  # 2
+            good("acme", "a", 3),  # 3
+            "",  # 4 blank
+            good("acme", "b", 1, aliases=["prod", "canary"]),  # 5
+            good("acme", "b", 2),  # 6
+            {**good("acme", "b", 3), "digest": "sha256:nothex"},  # 7 bad digest
+            {**good("acme", "b", 3), "uri": "s3://bucket/other/b/3"},  # 8 outside namespace
+            good("acme", "a", 2, aliases=["prod"]),  # 9 same line again
+            {**good("acme", "a", 2), "digest": digest_of("other")},  # 10 revision 2 again
+            {
+                **good("acme", "a", 4),
+                "digest": digest_of("acme", "a", 1),
+            },  # 11 digest of revision 1
+            good("acme", "a", 5, aliases=["prod"]),  # 12 prod points at 2
+            "{not json",  # 13
+            {**good("beta", "c", 1), "parent": 1},  # 14 unknown field
+            good("beta", "c", 1, created_at=None),  # 15 undated
+            good("beta", "c", 2, base_model="other"),  # 16 another base model
+        ],
+    )
     result = import_file(session, ks, f, chunk_rows=4)
     c = result.counts
     assert result.complete and result.resumed_from_line == 0
@@ -97,16 +111,24 @@ def test_bad_lines_go_to_rejects_good_ones_resolve_and_a_second_import_changes_n
     assert [r.revision for r in repo.iter_revisions("acme", "a")] == [3, 2, 1]
     rev = repo.get_revision("acme", "a", 2)
     assert (rev.created_by, rev.metadata, rev.created_at) == (
-        "import", {"rank": 8}, datetime(2025, 3, 4, 5, 6, 7, 89000, tzinfo=UTC),
-    )  # fmt: skip
+        "import",
+        {"rank": 8},
+        datetime(2025, 3, 4, 5, 6, 7, 89000, tzinfo=UTC),
+    )
     pol = repo.get_policy("acme", "a")
-    assert (pol.base_model, pol.created_by, pol.created_at) == ("tiny-llama", "import",
-                                                               rev.created_at)  # fmt: skip
+    assert (pol.base_model, pol.created_by, pol.created_at) == (
+        "tiny-llama",
+        "import",
+        rev.created_at,
+    )
     (move,) = repo.alias_history("acme", "a", "prod")
     assert (move.seq, move.from_revision, move.to_revision, move.moved_by, move.kind) == (
-        1, None, 2, "import", "promote",
-    )  # fmt: skip
-    assert repo.next_revision("acme", "a") == 4  # the next live registration follows on
+        1,
+        None,
+        2,
+        "import",
+        "promote",
+    )
     # The undated row took the time the file was first imported, kept in its state file.
     state = ImportState.load(default_paths(f)[0])
     assert state.completed_at and state.line == 16
@@ -137,8 +159,9 @@ def test_bad_lines_go_to_rejects_good_ones_resolve_and_a_second_import_changes_n
     # Live moves after the import win over a re-import; a policy that got live registrations
     # takes no more imported rows.
     repo.move_alias("acme", "b", "prod", 2, expected=1, by="alice")
-    new = repo.register_revision("acme", "a", digest=digest_of("live"),
-                                 store_uri="file:///store/acme/a/4")  # fmt: skip
+    new = repo.register_revision(
+        "acme", "a", digest=digest_of("live"), store_uri="file:///store/acme/a/4"
+    )
     assert new.revision == 4
     third = import_file(session, ks, f)
     # Every acme/a line is refused now (1-3 and the duplicate 9 too), the others as before.
@@ -149,7 +172,10 @@ def test_bad_lines_go_to_rejects_good_ones_resolve_and_a_second_import_changes_n
     assert repo.rollback("acme", "b", "prod", by="alice").to_revision == 1
     assert repo.resolve("acme/b@prod").revision == 1
     assert repo.resolve("acme/a@4").digest == digest_of("live")
-    assert repo.next_revision("acme", "a") == 5
+    after = repo.register_revision(
+        "acme", "a", digest=digest_of("live", 2), store_uri="file:///store/acme/a/5"
+    )
+    assert after.revision == 5
 
 
 def interleaved(tenants: int = 2, policies: int = 6, revisions: int = 20) -> list:
@@ -173,8 +199,9 @@ def test_a_killed_import_resumes_from_its_checkpoint(migrated, tmp_path, base_se
     bad_lines = [i for i, r in enumerate(rows, start=1) if r["revision"] == 0]
     assert len(rows) == 124 and len(bad_lines) == 4
 
-    first = import_file(session, ks, f, settings=base_settings, workers=workers, chunk_rows=10,
-                        stop_after_chunks=4)  # fmt: skip
+    first = import_file(
+        session, ks, f, settings=base_settings, workers=workers, chunk_rows=10, stop_after_chunks=4
+    )
     assert not first.complete and first.counts.lines == 40
     state = ImportState.load(default_paths(f)[0])
     assert (state.line, state.completed_at) == (40, None)
@@ -191,14 +218,23 @@ def test_a_killed_import_resumes_from_its_checkpoint(migrated, tmp_path, base_se
     assert [r["line"] for r in rejects_of(f)] == bad_lines  # each once
     assert repo.resolve("t1/p5@prod").revision == 10
     assert repo.resolve("t0/p4@canary").revision == 20
-    assert repo.next_revision("t0", "p0") == 21
 
     # The same catalog as one uninterrupted import.
-    whole = import_file(session, reference, f, state_path=tmp_path / "ref.json",
-                        rejects_path=tmp_path / "ref.rejects.jsonl")  # fmt: skip
+    whole = import_file(
+        session,
+        reference,
+        f,
+        state_path=tmp_path / "ref.json",
+        rejects_path=tmp_path / "ref.rejects.jsonl",
+    )
     assert whole.counts == c
     diff = compare(session, ks, reference)
     assert diff.identical, diff.summary()
+    # The next live registration follows on from the imported numbers.
+    live = repo.register_revision(
+        "t0", "p0", digest=digest_of("live"), store_uri="file:///store/t0/p0/21"
+    )
+    assert live.revision == 21
 
 
 def test_encoded_batches_carry_the_bytes_the_driver_binds(migrated):
@@ -208,10 +244,12 @@ def test_encoded_batches_carry_the_bytes_the_driver_binds(migrated):
     d, uri, ms = digest_of(1), "file:///store/t/p/7", 1_741_064_767_089
     at = datetime(2025, 3, 4, 5, 6, 7, 89000, tzinfo=UTC)
     rows = RowSet(
-        tenants=[("t", ms)], policies=[("t", "p", "base", ms)],
-        revisions=[("t", "p", 7, d, uri, "base", ms, '{"rank":8}')], latest=[("t", "p", 7)],
+        tenants=[("t", ms)],
+        policies=[("t", "p", "base", ms)],
+        revisions=[("t", "p", 7, d, uri, "base", ms, '{"rank":8}')],
+        latest=[("t", "p", 7)],
         aliases=[("t", "p", "prod", 7, d, uri, ms)],
-    )  # fmt: skip
+    )
     expected = [
         (writer._policy, ("t", "p", "base", at, "import")),
         (writer._revision, ("t", "p", 7, d, uri, "base", at, "import", '{"rank":8}')),
@@ -237,15 +275,25 @@ def test_encoded_batches_carry_the_bytes_the_driver_binds(migrated):
 def test_cli_imports_reports_rejects_and_resolves(migrated, tmp_path):
     session, make = migrated
     ks = make()
-    f = write_jsonl(tmp_path / "cli.jsonl", [
-        good("acme", "m", 1), good("acme", "m", 2, aliases=["prod"]),
-        {**good("acme", "m", 3), "rank": 0},
-    ])  # fmt: skip
+    f = write_jsonl(
+        tmp_path / "cli.jsonl",
+        [
+            good("acme", "m", 1),
+            good("acme", "m", 2, aliases=["prod"]),
+            {**good("acme", "m", 3), "rank": 0},
+        ],
+    )
     env = {**os.environ, "MINT_KEYSPACE": ks, "COLUMNS": "200"}
 
     def mint(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "mint.cli", "catalog", *args], env=env,
-                              cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "mint.cli", "catalog", *args],
+            env=env,
+            cwd=PROJECT_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     p = mint("import", str(f), "--json", "--workers", "0")
     assert p.returncode == 3, p.stderr  # imported, with a rejected line

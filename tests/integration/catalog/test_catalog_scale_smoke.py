@@ -15,8 +15,11 @@ def test_catalog_scale_smoke(cassandra_cluster):
     _, session = cassandra_cluster
     run = subprocess.run(
         [sys.executable, "-m", "benchmarks.catalog_scale", "--smoke"],
-        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     lines = [line for line in run.stdout.splitlines() if line.strip()]
     assert len(lines) == 1, run.stdout
@@ -43,7 +46,10 @@ def test_catalog_scale_smoke(cassandra_cluster):
     assert set(result["targets"]) == set(result["met"]) == targets
     assert all(isinstance(v, bool) for v in result["met"].values())
     # The benchmark dropped its keyspace.
-    keyspaces = {r.keyspace_name for r in session.execute("SELECT keyspace_name FROM system_schema.keyspaces")}  # fmt: skip
+    keyspaces = {
+        r.keyspace_name
+        for r in session.execute("SELECT keyspace_name FROM system_schema.keyspaces")
+    }
     assert result["keyspace"].startswith("bench_catalog_") and result["keyspace"] not in keyspaces
     # ...and, on the local node, the snapshot auto_snapshot keeps of a dropped keyspace.
     settings = MintSettings()

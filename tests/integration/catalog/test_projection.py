@@ -10,6 +10,7 @@ import pytest
 from catalog.exceptions import AliasConflict, Conflict
 from catalog.projection import Outcome, apply_event, execute_serving_command
 from catalog.rebuild import rebuild
+from catalog.repository import CatalogRepository
 from catalog.snapshot import compare, dump
 from schemas import make_event
 from schemas.events import AliasMoved, ExportCompleted, PromoteCommand, RollbackCommand
@@ -22,19 +23,31 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 def export(tenant, policy, n, minute=0, parent=-1):
     return make_event(
         ExportCompleted(
-            revision=n, adapter_digest=digest_of(tenant, policy, n),
-            store_uri=f"file:///store/{tenant}/{policy}/{n}", size_bytes=1000 + n, rank=8,
-            target_modules=["q_proj", "v_proj"], base_model="tiny-llama",
-            base_model_fingerprint=digest_of("base"), parent_revision=(n - 1 or None) if parent == -1 else parent,
+            revision=n,
+            adapter_digest=digest_of(tenant, policy, n),
+            store_uri=f"file:///store/{tenant}/{policy}/{n}",
+            size_bytes=1000 + n,
+            rank=8,
+            target_modules=["q_proj", "v_proj"],
+            base_model="tiny-llama",
+            base_model_fingerprint=digest_of("base"),
+            parent_revision=(n - 1 or None) if parent == -1 else parent,
         ),
-        tenant=tenant, policy=policy, producer="trainer/test",
+        tenant=tenant,
+        policy=policy,
+        producer="trainer/test",
         occurred_at=T0 + timedelta(minutes=minute),
-    )  # fmt: skip
+    )
 
 
 def command(payload, tenant, policy, minute):
-    return make_event(payload, tenant=tenant, policy=policy, producer="sdk/test",
-                      occurred_at=T0 + timedelta(minutes=minute))  # fmt: skip
+    return make_event(
+        payload,
+        tenant=tenant,
+        policy=policy,
+        producer="sdk/test",
+        occurred_at=T0 + timedelta(minutes=minute),
+    )
 
 
 def live_history(repo, tenant):
@@ -60,8 +73,10 @@ def test_live_flow_yields_expected_catalog(repo, tenant):
     assert repo.resolve(f"{tenant}/b@canary").revision == 2
     hist = repo.alias_history(tenant, "a", "prod")
     assert [(h.from_revision, h.to_revision, h.kind) for h in hist] == [
-        (3, 1, "rollback"), (1, 3, "promote"), (None, 1, "promote"),
-    ]  # fmt: skip
+        (3, 1, "rollback"),
+        (1, 3, "promote"),
+        (None, 1, "promote"),
+    ]
     assert hist[0].moved_at == T0 + timedelta(minutes=12)  # times come from the events
     moved = [e for e in log if isinstance(e.payload, AliasMoved)]
     assert [e.payload.cause for e in moved] == ["promote", "promote", "rollback", "promote"]
@@ -106,9 +121,11 @@ def test_contradicting_export_is_refused_and_writes_nothing(catalog_keyspace, re
     with pytest.raises(Conflict, match="says revision 3 but the next revision is 2"):
         apply_event(repo, export(tenant, "a", 3, parent=None))
     same_digest_other_number = export(tenant, "a", 1).model_copy(
-        update={"event_id": uuid.uuid4(), "payload": export(tenant, "a", 1).payload.model_copy(
-            update={"revision": 2})}
-    )  # fmt: skip
+        update={
+            "event_id": uuid.uuid4(),
+            "payload": export(tenant, "a", 1).payload.model_copy(update={"revision": 2}),
+        }
+    )
     with pytest.raises(Conflict, match="cannot be two revisions"):
         apply_event(repo, same_digest_other_number)
     assert dump(session, ks, tenant=tenant) == before
@@ -145,3 +162,41 @@ def test_compare_notices_a_difference(catalog_keyspace, base_settings, repo, ten
         assert diff.tables["aliases"][1] == 1 and diff.tables["alias_history"][1] == 1
     finally:
         session.execute(f"DROP KEYSPACE IF EXISTS {target}", timeout=60)
+
+
+def test_rebuild_lists_a_refused_event_and_applies_the_rest_of_its_policy(
+    base_settings, catalog_keyspace, tenant
+):
+    # Policy a's run carries a contradicting export (revision 3 right after 1): the rebuild
+    # applies a's other events one at a time, lists the refused one, and b is untouched.
+    session, _ = catalog_keyspace
+    bad = export(tenant, "a", 3, parent=None)
+    log = [export(tenant, "a", 1), bad, export(tenant, "a", 2), export(tenant, "b", 1)]
+    target = f"rb_{uuid.uuid4().hex[:12]}"
+    seen: list[int] = []
+    try:
+        report = rebuild(
+            session, target, base_settings.keyspace_replication, log, progress=seen.append
+        )
+        assert report.outcomes == {"applied": 3, "failed": 1}
+        assert len(report.failures) == 1 and str(bad.event_id) in report.failures[0]
+        rebuilt = CatalogRepository(session, target)
+        assert [r.revision for r in rebuilt.list_revisions(tenant, "a")[0]] == [2, 1]
+        assert [r.revision for r in rebuilt.list_revisions(tenant, "b")[0]] == [1]
+        assert sum(seen) == len(log)
+    finally:
+        session.execute(f"DROP KEYSPACE IF EXISTS {target}", timeout=60)
+
+
+def test_a_tenant_exists_since_its_earliest_policy_in_any_order(repo, tenant):
+    # The projector applies policies on parallel threads and a rebuild reads the log partition
+    # by partition: the tenant's created_at must not depend on which came first.
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    for policy, minutes in (("late", 30), ("early", 10), ("middle", 20)):
+        repo.create_policy(tenant, policy, "tiny", at=t0 + timedelta(minutes=minutes))
+    other = CatalogRepository(repo.session, repo.keyspace)  # another process, nothing cached
+    other.create_policy(tenant, "first", "tiny", at=t0)
+    row = repo.session.execute(
+        f"SELECT created_at FROM {repo.keyspace}.tenants WHERE tenant = %s", (tenant,)
+    ).one()
+    assert row.created_at.replace(tzinfo=UTC) == t0

@@ -12,8 +12,13 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_projector_throughput_smoke(kafka_ready, cassandra_cluster) -> None:
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "projector_throughput.py"),
-                          "--smoke"], capture_output=True, text=True, timeout=600, cwd=ROOT)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "projector_throughput.py"), "--smoke"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads([ln for ln in out.stdout.splitlines() if ln.startswith("{")][-1])
     # Every export became exactly one revision and every promotion moved its alias, with

@@ -7,19 +7,26 @@ import subprocess
 import sys
 from datetime import timedelta
 
+import pytest
+
 from catalog.projection import execute_serving_command
 from catalog.rebuild import rebuild
 from catalog.repository import CatalogRepository
 from catalog.snapshot import compare
 from schemas.events import PromoteCommand, RollbackCommand
-from streams.consumer import RetryPolicy
 from streams.producer import EventProducer
+from streams.records import RetryPolicy
 from workers.projector import LogStats, read_log, run_projector
 
 from .test_projection import T0, command, export
 
 
-def test_projector_applies_log_with_duplicates_and_rebuild_matches(settings, live, tmp_path):
+@pytest.mark.parametrize("parallel", [1, 4], ids=["one-by-one", "runs-of-a-policy"])
+def test_projector_applies_log_with_duplicates_and_rebuild_matches(
+    settings, live, tmp_path, parallel
+):
+    """``parallel`` > 1: a policy's records of one poll go to ``apply_events`` together (a run
+    with a refused export in it is applied again one by one)."""
     session = live
     tenant = "acme"
     exports = [export(tenant, p, n, minute=n) for p in ("a", "b") for n in (1, 2, 3)]
@@ -27,8 +34,16 @@ def test_projector_applies_log_with_duplicates_and_rebuild_matches(settings, liv
     with EventProducer(settings) as producer:
         # Every export twice: the at-least-once redelivery the projector must absorb.
         producer.publish_many(exports + exports + [bad])
-        assert run_projector(settings, idle_timeout_s=3, max_records=13,
-                             retry=RetryPolicy(max_attempts=2, backoff_s=0.05)).records == 13  # fmt: skip
+        assert (
+            run_projector(
+                settings,
+                idle_timeout_s=3,
+                max_records=13,
+                parallel_keys=parallel,
+                retry=RetryPolicy(max_attempts=2, backoff_s=0.05),
+            ).records
+            == 13
+        )
         repo = CatalogRepository(session, settings.keyspace)
         assert [r.revision for r in repo.iter_revisions(tenant, "a")] == [3, 2, 1]
         # The controller runs commands against the catalog and publishes the facts.
@@ -41,13 +56,15 @@ def test_projector_applies_log_with_duplicates_and_rebuild_matches(settings, liv
         ]
         facts = [execute_serving_command(repo, c, producer="controller/test") for c in cmds]
         producer.publish_many(facts + facts[:1])  # one fact redelivered
-    stats = run_projector(settings, idle_timeout_s=3, max_records=4)
+    stats = run_projector(settings, idle_timeout_s=3, max_records=4, parallel_keys=parallel)
     assert stats.handled == 4 and stats.dead_lettered == 0
     assert repo.resolve(f"{tenant}/a@prod").revision == 2
     hist = repo.alias_history(tenant, "a", "prod")
     assert [(h.from_revision, h.to_revision, h.kind) for h in hist] == [
-        (3, 2, "rollback"), (2, 3, "promote"), (None, 2, "promote"),
-    ]  # fmt: skip
+        (3, 2, "rollback"),
+        (2, 3, "promote"),
+        (None, 2, "promote"),
+    ]
     assert hist[-1].moved_by == "alice" and hist[0].moved_at == T0 + timedelta(minutes=42)
     # One pointer per move, in order; the stale redelivered first move is not re-published.
     assert _policy_state(settings) == {f"{tenant}/a@prod".encode(): [2, 3, 2]}
@@ -56,8 +73,9 @@ def test_projector_applies_log_with_duplicates_and_rebuild_matches(settings, liv
     target = f"{settings.keyspace}_rb"
     try:
         log_stats = LogStats()
-        report = rebuild(session, target, settings.keyspace_replication,
-                         read_log(settings, stats=log_stats))  # fmt: skip
+        report = rebuild(
+            session, target, settings.keyspace_replication, read_log(settings, stats=log_stats)
+        )
         assert log_stats.records == 13 + 4
         assert report.outcomes["applied"] == 9 and report.outcomes["duplicate"] == 7
         assert report.outcomes["failed"] == 1 and "says revision 9" in report.failures[0]
@@ -67,12 +85,18 @@ def test_projector_applies_log_with_duplicates_and_rebuild_matches(settings, liv
         session.execute(f"DROP KEYSPACE IF EXISTS {target}", timeout=60)
 
     # The CLI does the same and exits 1 only because one event in the log is refused.
-    env = {**os.environ, "MINT_TOPIC_PREFIX": settings.topic_prefix,
-           "MINT_KEYSPACE": settings.keyspace}  # fmt: skip
+    env = {
+        **os.environ,
+        "MINT_TOPIC_PREFIX": settings.topic_prefix,
+        "MINT_KEYSPACE": settings.keyspace,
+    }
     cli = subprocess.run(
         [sys.executable, "-m", "mint.cli", "catalog", "rebuild", "--drop"],
-        env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "identical" in cli.stderr, cli.stderr
     assert "refused" in cli.stderr and cli.returncode == 1
 

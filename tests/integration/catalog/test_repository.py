@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -18,7 +19,6 @@ from catalog.exceptions import (
     InvalidReference,
     MalformedDigest,
     PolicyExists,
-    PolicyInUse,
     PolicyNotFound,
     PolicyRetired,
     RegistrationInProgress,
@@ -69,9 +69,11 @@ def test_register_numbers_revisions_and_is_idempotent(repo, tenant):
 
 def test_register_with_demanded_number(repo, tenant):
     repo.create_policy(tenant, "math-rl", "tiny-llama")
-    assert repo.next_revision(tenant, "math-rl") == 1
+    with pytest.raises(Conflict, match="says revision 2 but the next revision is 1"):
+        repo.register_revision(
+            tenant, "math-rl", digest=digest_of("early"), store_uri="file:///s/e", revision=2
+        )
     _policy_with(repo, tenant, 2)
-    assert repo.next_revision(tenant, "math-rl") == 3
     with pytest.raises(Conflict, match="says revision 5 but the next revision is 3"):
         repo.register_revision(
             tenant, "math-rl", digest=digest_of("gap"), store_uri="file:///s/g", revision=5
@@ -121,8 +123,19 @@ def test_resolve_alias_number_and_digest(repo, tenant):
 def test_paging_over_1000_revisions(catalog_keyspace, repo, tenant, tmp_path):
     session, ks = catalog_keyspace
     revs = [(digest_of(tenant, i), f"file:///s/{tenant}/big/{i}") for i in range(1, 1001)]
-    lines = [json.dumps({"tenant": tenant, "policy": "big", "revision": i, "digest": d, "uri": u,
-                         "base_model": "tiny-llama"}) for i, (d, u) in enumerate(revs, 1)]  # fmt: skip
+    lines = [
+        json.dumps(
+            {
+                "tenant": tenant,
+                "policy": "big",
+                "revision": i,
+                "digest": d,
+                "uri": u,
+                "base_model": "tiny-llama",
+            }
+        )
+        for i, (d, u) in enumerate(revs, 1)
+    ]
     (tmp_path / "big.jsonl").write_text("\n".join(lines) + "\n")
     assert import_file(session, ks, tmp_path / "big.jsonl").counts.accepted == 1000
     seen, state, pages = [], None, 0
@@ -226,13 +239,16 @@ def test_move_with_same_event_id_is_a_no_op(repo, tenant):
     assert len(repo.alias_history(tenant, "math-rl", "prod")) == 1
 
 
-def test_retire_only_when_no_alias_points_into_it(repo, tenant):
+def test_a_retired_policy_takes_no_registrations_or_moves(catalog_keyspace, repo, tenant):
+    # Nothing in MinT retires a policy (an operator may, in CQL); the catalog honours it.
+    session, ks = catalog_keyspace
     _policy_with(repo, tenant, 1)
-    repo.move_alias(tenant, "math-rl", "prod", 1, expected=None)
-    with pytest.raises(PolicyInUse, match=r"@prod->1"):
-        repo.retire_policy(tenant, "math-rl")
-    repo.move_alias(tenant, "math-rl", "prod", None, expected=1, reason="retiring")
-    retired = repo.retire_policy(tenant, "math-rl", by="admin")
+    session.execute(
+        f"UPDATE {ks}.policies SET retired_at = toTimestamp(now()), "
+        "retired_by = 'admin' WHERE tenant = %s AND policy = 'math-rl'",
+        (tenant,),
+    )
+    retired = repo.get_policy(tenant, "math-rl")
     assert retired.retired_at is not None and retired.retired_by == "admin"
     with pytest.raises(PolicyRetired):
         repo.register_revision(tenant, "math-rl", digest=digest_of("z"), store_uri="file:///z")
@@ -249,33 +265,87 @@ def _tenant_rows(session, ks, tenant):
 
 BAD_INPUTS = [
     # (what, call, error, message fragment)
-    ("unknown policy", lambda r, t: r.register_revision(t, "nope", digest=digest_of(1), store_uri="file:///x"),
-     PolicyNotFound, "policy {t}/nope does not exist"),
-    ("malformed digest", lambda r, t: r.register_revision(t, "math-rl", digest="sha256:XYZ", store_uri="file:///x"),
-     MalformedDigest, "digest 'sha256:XYZ' is malformed"),
-    ("digest without prefix", lambda r, t: r.resolve(f"{t}/math-rl@{'a' * 64}"),
-     InvalidReference, "alias"),
-    ("another tenant's revision", lambda r, t: r.move_alias(t, "math-rl", "prod", "other-tenant/math-rl@1", expected=None),
-     CrossTenantReference, "belongs to another tenant"),
-    ("another policy's revision", lambda r, t: r.move_alias(t, "math-rl", "prod", f"{t}/other@1", expected=None),
-     CrossTenantReference, "belongs to another policy"),
-    ("alias to a missing revision", lambda r, t: r.move_alias(t, "math-rl", "prod", 99, expected=None),
-     RevisionNotFound, "revision 99 of {t}/math-rl does not exist"),
-    ("alias to a missing digest", lambda r, t: r.move_alias(t, "math-rl", "prod", f"{t}/math-rl@{digest_of('missing')}", expected=None),
-     RevisionNotFound, "no revision of {t}/math-rl has digest"),
-    ("stale expected revision", lambda r, t: r.move_alias(t, "math-rl", "canary", 1, expected=2),
-     AliasConflict, "points nowhere, not the expected 2"),
-    ("unknown alias", lambda r, t: r.resolve(f"{t}/math-rl@staging"),
-     AliasNotFound, "points nowhere"),
-    ("bad alias name", lambda r, t: r.move_alias(t, "math-rl", "Prod!", 1, expected=None),
-     InvalidReference, "alias 'Prod!' is not valid"),
-    ("bad tenant name", lambda r, t: r.create_policy("Bad Tenant", "p", "m"),
-     InvalidReference, "tenant 'Bad Tenant' is not a valid name"),
-    ("revision zero", lambda r, t: r.get_revision(t, "math-rl", 0),
-     InvalidReference, "expected an integer >= 1"),
-    ("malformed reference", lambda r, t: r.resolve("no-slash@prod"),
-     InvalidReference, "expected 'tenant/policy@alias'"),
-]  # fmt: skip
+    (
+        "unknown policy",
+        lambda r, t: r.register_revision(t, "nope", digest=digest_of(1), store_uri="file:///x"),
+        PolicyNotFound,
+        "policy {t}/nope does not exist",
+    ),
+    (
+        "malformed digest",
+        lambda r, t: r.register_revision(t, "math-rl", digest="sha256:XYZ", store_uri="file:///x"),
+        MalformedDigest,
+        "digest 'sha256:XYZ' is malformed",
+    ),
+    (
+        "digest without prefix",
+        lambda r, t: r.resolve(f"{t}/math-rl@{'a' * 64}"),
+        InvalidReference,
+        "alias",
+    ),
+    (
+        "another tenant's revision",
+        lambda r, t: r.move_alias(t, "math-rl", "prod", "other-tenant/math-rl@1", expected=None),
+        CrossTenantReference,
+        "belongs to another tenant",
+    ),
+    (
+        "another policy's revision",
+        lambda r, t: r.move_alias(t, "math-rl", "prod", f"{t}/other@1", expected=None),
+        CrossTenantReference,
+        "belongs to another policy",
+    ),
+    (
+        "alias to a missing revision",
+        lambda r, t: r.move_alias(t, "math-rl", "prod", 99, expected=None),
+        RevisionNotFound,
+        "revision 99 of {t}/math-rl does not exist",
+    ),
+    (
+        "alias to a missing digest",
+        lambda r, t: r.move_alias(
+            t, "math-rl", "prod", f"{t}/math-rl@{digest_of('missing')}", expected=None
+        ),
+        RevisionNotFound,
+        "no revision of {t}/math-rl has digest",
+    ),
+    (
+        "stale expected revision",
+        lambda r, t: r.move_alias(t, "math-rl", "canary", 1, expected=2),
+        AliasConflict,
+        "points nowhere, not the expected 2",
+    ),
+    (
+        "unknown alias",
+        lambda r, t: r.resolve(f"{t}/math-rl@staging"),
+        AliasNotFound,
+        "points nowhere",
+    ),
+    (
+        "bad alias name",
+        lambda r, t: r.move_alias(t, "math-rl", "Prod!", 1, expected=None),
+        InvalidReference,
+        "alias 'Prod!' is not valid",
+    ),
+    (
+        "bad tenant name",
+        lambda r, t: r.create_policy("Bad Tenant", "p", "m"),
+        InvalidReference,
+        "tenant 'Bad Tenant' is not a valid name",
+    ),
+    (
+        "revision zero",
+        lambda r, t: r.get_revision(t, "math-rl", 0),
+        InvalidReference,
+        "expected an integer >= 1",
+    ),
+    (
+        "malformed reference",
+        lambda r, t: r.resolve("no-slash@prod"),
+        InvalidReference,
+        "expected 'tenant/policy@alias'",
+    ),
+]
 
 
 @pytest.mark.parametrize("what,call,error,fragment", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
@@ -301,7 +371,10 @@ def test_resume_after_crash_between_revision_and_index(catalog_keyspace, repo, t
     first = repo.register_revision(
         tenant, "math-rl", digest=d, store_uri="file:///c", source_event_id=eid
     )
-    session.execute(f"UPDATE {ks}.revisions_by_digest SET revision = null WHERE tenant = %s AND policy = 'math-rl' AND digest = %s", (tenant, d))  # fmt: skip
+    session.execute(
+        f"UPDATE {ks}.revisions_by_digest SET revision = null WHERE tenant = %s AND policy = 'math-rl' AND digest = %s",
+        (tenant, d),
+    )
     session.execute(f"DELETE FROM {ks}.applied_events WHERE event_id = %s", (eid,))
     again = repo.register_revision(
         tenant, "math-rl", digest=d, store_uri="file:///c", source_event_id=eid
@@ -315,7 +388,7 @@ def test_resume_after_crash_between_revision_and_index(catalog_keyspace, repo, t
 def test_foreign_claims_block_briefly_then_expire(catalog_keyspace, repo, tenant):
     session, ks = catalog_keyspace
     _policy_with(repo, tenant, 1)
-    claim = f"INSERT INTO {ks}.revisions_by_digest (tenant, policy, digest, claimed_by, claimed_at) VALUES (%s, 'math-rl', %s, %s, %s)"  # fmt: skip
+    claim = f"INSERT INTO {ks}.revisions_by_digest (tenant, policy, digest, claimed_by, claimed_at) VALUES (%s, 'math-rl', %s, %s, %s)"
     fresh, stale = digest_of("fresh"), digest_of("stale")
     now = datetime.now(UTC)
     session.execute(claim, (tenant, fresh, uuid.uuid4(), now))
@@ -341,15 +414,28 @@ def test_a_crash_between_the_alias_move_and_its_history_row_loses_no_audit(repo,
 
     repo._run = crash_on_history
     with pytest.raises(CatalogUnavailable):
-        repo.move_alias(tenant, "math-rl", "prod", 3, expected=1, by="controller",
-                        reason="rev 3 passed eval", event_id=move_id)  # fmt: skip
+        repo.move_alias(
+            tenant,
+            "math-rl",
+            "prod",
+            3,
+            expected=1,
+            by="controller",
+            reason="rev 3 passed eval",
+            event_id=move_id,
+        )
     repo._run = real_run
     assert repo.get_alias(tenant, "math-rl", "prod").revision == 3  # the pointer did move
     # A fresh reader sees the whole move in history, completed from the alias row.
     fresh = CatalogRepository(repo.session, repo.keyspace)
     (latest, first) = fresh.alias_history(tenant, "math-rl", "prod")
-    assert (latest.from_revision, latest.to_revision, latest.reason, latest.moved_by,
-            latest.event_id) == (1, 3, "rev 3 passed eval", "controller", move_id)  # fmt: skip
+    assert (
+        latest.from_revision,
+        latest.to_revision,
+        latest.reason,
+        latest.moved_by,
+        latest.event_id,
+    ) == (1, 3, "rev 3 passed eval", "controller", move_id)
     assert (first.from_revision, first.to_revision) == (None, 1)
     # The redelivered command is recognised (no second move), and a rollback still works.
     again = fresh.move_alias(tenant, "math-rl", "prod", 3, expected=1, event_id=move_id)
@@ -379,14 +465,188 @@ def test_a_registration_retried_after_a_crash_records_the_revisions_own_time(
         return real_run(stmt, params, **kw)
 
     repo._run = crash_on_applied
-    kwargs = dict(digest=digest_of(tenant, 9), store_uri=uri_of(tenant, "math-rl", 9),
-                  source_event_id=source)  # fmt: skip
+    kwargs = dict(
+        digest=digest_of(tenant, 9), store_uri=uri_of(tenant, "math-rl", 9), source_event_id=source
+    )
     with pytest.raises(CatalogUnavailable):
         repo.register_revision(tenant, "math-rl", at=datetime.now(UTC), **kwargs)
     repo._run = real_run
     time.sleep(0.05)
     rev = repo.register_revision(tenant, "math-rl", at=datetime.now(UTC), **kwargs)
-    row = session.execute(f"SELECT applied_at, revision FROM {ks}.applied_events "
-                          "WHERE event_id = %s", (source,)).one()  # fmt: skip
+    row = session.execute(
+        f"SELECT applied_at, revision FROM {ks}.applied_events WHERE event_id = %s", (source,)
+    ).one()
     assert row.revision == rev.revision == 1
     assert row.applied_at == rev.created_at.replace(tzinfo=None)  # the driver reads naive UTC
+
+
+def _conditional_batches(repo):
+    """Count the lightweight transactions a repository sends (conditional batches)."""
+    from cassandra.query import BatchStatement
+
+    sent, real_run = [], repo._run
+
+    def counting(stmt, params, **kw):
+        if isinstance(stmt, BatchStatement) and stmt.serial_consistency_level is not None:
+            sent.append(len(stmt._statements_and_parameters))
+        return real_run(stmt, params, **kw)
+
+    repo._run = counting
+    return sent
+
+
+def _regs(tenant, numbers, tag="r", parent=True):
+    from catalog.models import Registration
+
+    return [
+        Registration(
+            digest_of(tenant, tag, n),
+            uri_of(tenant, "math-rl", n),
+            parent_revision=(n - 1 or None) if parent else None,
+            revision=n,
+            source_event_id=uuid.uuid4(),
+            by="trainer/test",
+        )
+        for n in numbers
+    ]
+
+
+def test_a_run_of_exports_is_one_lightweight_transaction(catalog_keyspace, tenant):
+    session, ks = catalog_keyspace
+    repo = CatalogRepository(session, ks)
+    repo.create_policy(tenant, "math-rl", "tiny-llama")
+    lwts = _conditional_batches(repo)
+    revs = repo.register_revisions(tenant, "math-rl", _regs(tenant, range(1, 6)))
+    assert lwts == [6]  # one batch: the counter and five digest rows
+    assert [(r.revision, r.is_new) for r in revs] == [(n, True) for n in range(1, 6)]
+    assert [r.revision for r in repo.iter_revisions(tenant, "math-rl")] == [5, 4, 3, 2, 1]
+    assert repo.resolve(f"{tenant}/math-rl@{digest_of(tenant, 'r', 3)}").revision == 3
+    # The same run again (a redelivered poll): found, nothing new, no second number.
+    again = repo.register_revisions(tenant, "math-rl", _regs(tenant, range(1, 6)))
+    assert [(r.revision, r.is_new) for r in again] == [(n, False) for n in range(1, 6)]
+    # The next run continues; one that repeats a digest registers up to it, then is refused.
+    mixed = _regs(tenant, [6, 7]) + _regs(tenant, [8])
+    mixed[2] = replace(mixed[2], digest=mixed[0].digest)
+    with pytest.raises(Conflict, match="is revision 6 of .* cannot be two revisions"):
+        repo.register_revisions(tenant, "math-rl", mixed)
+    assert [r.revision for r in repo.iter_revisions(tenant, "math-rl")][:2] == [7, 6]
+    with pytest.raises(Conflict, match="says revision 9 but the next revision is 8"):
+        repo.register_revisions(tenant, "math-rl", _regs(tenant, [9, 10], tag="late"))
+    # A malformed export stops the run there: the ones before it are registered.
+    bad = _regs(tenant, [8, 9], tag="bad")
+    with pytest.raises(MalformedDigest):
+        repo.register_revisions(tenant, "math-rl", [bad[0], replace(bad[1], digest="sha256:x")])
+    assert [r.revision for r in repo.iter_revisions(tenant, "math-rl")][0] == 8
+
+
+def test_racing_runs_of_one_policy_never_share_a_number_or_a_digest(
+    catalog_keyspace, base_settings, tenant
+):
+    """Two projectors (e.g. either side of a rebalance) register runs of the same policy at the
+    same moment, each with its own connection: one run wins whole; the other's same content is
+    found (no second number), its other content refused (the number is taken)."""
+    _, ks = catalog_keyspace
+    sessions = [connect(base_settings) for _ in range(3)]
+    repos = [CatalogRepository(s, ks) for _, s in sessions]
+    repos[0].create_policy(tenant, "math-rl", "tiny-llama")
+    same, other = _regs(tenant, range(1, 5)), _regs(tenant, range(1, 5), tag="other")
+    barrier, results = threading.Barrier(3), {}
+
+    def run(i: int, regs) -> None:
+        barrier.wait()
+        try:
+            results[i] = repos[i].register_revisions(tenant, "math-rl", regs)
+        except Conflict as e:
+            results[i] = e
+
+    try:
+        threads = [threading.Thread(target=run, args=a) for a in ((0, same), (1, same), (2, other))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        for cluster, _ in sessions:
+            cluster.shutdown()
+    stored = {
+        r.revision: r.digest
+        for r in CatalogRepository(*catalog_keyspace).iter_revisions(tenant, "math-rl")
+    }
+    assert sorted(stored) == [1, 2, 3, 4]
+    winner = same if stored[1] == same[0].digest else other
+    assert [stored[n] for n in range(1, 5)] == [r.digest for r in winner]
+    refused = [r for r in results.values() if isinstance(r, Conflict)]
+    made = [r for r in results.values() if not isinstance(r, Conflict)]
+    assert all("says revision 1 but the next revision is 5" in str(e) for e in refused)
+    if winner is same:  # both same-content runs got revisions 1-4, one of them new
+        assert len(refused) == 1 and sorted(r[0].is_new for r in made) == [False, True]
+    else:
+        assert len(refused) == 2 and [r.is_new for r in made[0]] == [True] * 4
+    assert all(r.revision == n for m in made for n, r in zip(range(1, 5), m, strict=True))
+
+
+def test_a_crash_between_the_decision_and_the_revision_row_is_completed_by_the_retry(
+    catalog_keyspace, repo, tenant
+):
+    from catalog.exceptions import CatalogUnavailable
+
+    _policy_with(repo, tenant, 1)
+    source, real_run = uuid.uuid4(), repo._run
+    kwargs = dict(
+        digest=digest_of(tenant, "c"),
+        store_uri=uri_of(tenant, "math-rl", 2),
+        source_event_id=source,
+        revision=2,
+    )
+
+    def crash_on_revision_row(stmt, params, **kw):
+        if stmt is repo.registrar.write_revision:  # the process dies after the transaction
+            raise CatalogUnavailable("killed before the revision row")
+        return real_run(stmt, params, **kw)
+
+    repo._run = crash_on_revision_row
+    with pytest.raises(CatalogUnavailable):
+        repo.register_revision(tenant, "math-rl", **kwargs)
+    repo._run = real_run
+    # The number and the digest are taken: another registrant of that content waits, and a
+    # registration numbered 2 with other content is refused.
+    with pytest.raises(RegistrationInProgress, match="has not written yet"):
+        repo.register_revision(tenant, "math-rl", digest=kwargs["digest"], store_uri="file:///o")
+    with pytest.raises(Conflict, match="says revision 2 but the next revision is 3"):
+        repo.register_revision(
+            tenant, "math-rl", digest=digest_of("x"), store_uri="file:///x", revision=2
+        )
+    # The same export again (its redelivery) writes the row: revision 2, as first decided.
+    rev = repo.register_revision(tenant, "math-rl", **kwargs)
+    assert (rev.revision, rev.is_new) == (2, True)
+    assert [r.revision for r in repo.iter_revisions(tenant, "math-rl")] == [2, 1]
+    assert repo.resolve(f"{tenant}/math-rl@{kwargs['digest']}").store_uri == kwargs["store_uri"]
+
+
+def test_an_export_numbered_1_never_overwrites_an_imported_revision(
+    catalog_keyspace, repo, tenant, tmp_path
+):
+    # An import sets only the older counter (revisions.latest_revision): registrations read it.
+    session, ks = catalog_keyspace
+    lines = [
+        json.dumps(
+            {
+                "tenant": tenant,
+                "policy": "imp",
+                "revision": i,
+                "digest": digest_of(i),
+                "uri": f"file:///s/{tenant}/imp/{i}",
+                "base_model": "tiny-llama",
+            }
+        )
+        for i in (1, 2, 3)
+    ]
+    (tmp_path / "imp.jsonl").write_text("\n".join(lines) + "\n")
+    assert import_file(session, ks, tmp_path / "imp.jsonl").counts.accepted == 3
+    with pytest.raises(Conflict, match="says revision 1 but the next revision is 4"):
+        repo.register_revision(
+            tenant, "imp", digest=digest_of("new"), store_uri="file:///n", revision=1
+        )
+    assert repo.get_revision(tenant, "imp", 1).digest == digest_of(1)
+    runs = repo.register_revisions(tenant, "imp", _regs(tenant, [4, 5], parent=False))
+    assert [r.revision for r in runs] == [4, 5]

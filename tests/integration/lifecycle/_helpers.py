@@ -15,13 +15,18 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def worker_env(settings, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({
-        "MINT_TOPIC_PREFIX": settings.topic_prefix, "MINT_KEYSPACE": settings.keyspace,
-        "MINT_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-        "MINT_TOPIC_PARTITIONS": str(settings.topic_partitions),
-        "MINT_STATE_DIR": str(settings.state_dir), "MINT_STORE_URI": str(settings.adapter_store_root),
-        "MINT_LOG_FORMAT": "json", "PYTHONPATH": str(ROOT),
-    })  # fmt: skip
+    env.update(
+        {
+            "MINT_TOPIC_PREFIX": settings.topic_prefix,
+            "MINT_KEYSPACE": settings.keyspace,
+            "MINT_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+            "MINT_TOPIC_PARTITIONS": str(settings.topic_partitions),
+            "MINT_STATE_DIR": str(settings.state_dir),
+            "MINT_STORE_URI": str(settings.adapter_store_root),
+            "MINT_LOG_FORMAT": "json",
+            "PYTHONPATH": str(ROOT),
+        }
+    )
     env.update(extra)
     return env
 
@@ -32,10 +37,14 @@ class Proc:
     def __init__(self, settings, log: Path, *args: str, **env: str) -> None:
         self.log = log
         self.out = log.open("ab")
-        self.p = subprocess.Popen([sys.executable, "-m", "mint.cli", "--log-format", "json",
-                                   "worker", *args], env=worker_env(settings, **env), cwd=ROOT,
-                                  stdout=self.out, stderr=subprocess.STDOUT,
-                                  start_new_session=True)  # fmt: skip
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "mint.cli", "--log-format", "json", "worker", *args],
+            env=worker_env(settings, **env),
+            cwd=ROOT,
+            stdout=self.out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def kill9(self) -> None:
         os.killpg(self.p.pid, signal.SIGKILL)
@@ -64,6 +73,8 @@ def wait_until(predicate, timeout_s: float, what: str, proc: Proc | None = None)
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}"
-                                 + (f"; worker log ends:\n{proc.tail()}" if proc else ""))  # fmt: skip
+            raise AssertionError(
+                f"timed out after {timeout_s} s waiting for {what}"
+                + (f"; worker log ends:\n{proc.tail()}" if proc else "")
+            )
         time.sleep(0.2)

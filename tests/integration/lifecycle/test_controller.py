@@ -26,18 +26,43 @@ def export(repo: CatalogRepository, tenant: str, policy: str, n: int):
     """Register revision ``n`` as the trainer does (before announcing it), then its event."""
     digest = "sha256:" + f"{n:02x}" * 32
     uri = f"file:///store/{tenant}/{policy}/adapters/{n}"
-    env = make_event(ExportCompleted(revision=n, adapter_digest=digest, store_uri=uri,
-                                     size_bytes=1, rank=8, base_model="tiny",
-                                     base_model_fingerprint=FP, parent_revision=n - 1 or None),
-                     tenant=tenant, policy=policy, producer="trainer/test")  # fmt: skip
+    env = make_event(
+        ExportCompleted(
+            revision=n,
+            adapter_digest=digest,
+            store_uri=uri,
+            size_bytes=1,
+            rank=8,
+            base_model="tiny",
+            base_model_fingerprint=FP,
+            parent_revision=n - 1 or None,
+        ),
+        tenant=tenant,
+        policy=policy,
+        producer="trainer/test",
+    )
     if n == 1:
         repo.create_policy(tenant, policy, "tiny", by=env.producer, at=env.occurred_at)
-    repo.register_revision(tenant, policy, digest=digest, store_uri=uri, base_model="tiny",
-                           parent_revision=n - 1 or None, revision=n, by=env.producer,
-                           at=env.occurred_at, source_event_id=env.event_id,
-                           metadata={"size_bytes": 1, "rank": 8, "lora_alpha": None,
-                                     "target_modules": [], "target_parameters": [],
-                                     "base_model_fingerprint": FP})  # fmt: skip
+    repo.register_revision(
+        tenant,
+        policy,
+        digest=digest,
+        store_uri=uri,
+        base_model="tiny",
+        parent_revision=n - 1 or None,
+        revision=n,
+        by=env.producer,
+        at=env.occurred_at,
+        source_event_id=env.event_id,
+        metadata={
+            "size_bytes": 1,
+            "rank": 8,
+            "lora_alpha": None,
+            "target_modules": [],
+            "target_parameters": [],
+            "base_model_fingerprint": FP,
+        },
+    )
     return env
 
 
@@ -45,11 +70,21 @@ def answer(req, reward: float):
     p = req.payload
     metrics = {"reward": reward}
     failures = threshold_failures(metrics, dict(p.thresholds))
-    return make_event(EvalCompleted(revision=p.revision, adapter_digest=p.adapter_digest,
-                                    suite=p.suite, metrics=metrics, thresholds=p.thresholds,
-                                    passed=not failures, failures=failures),
-                      tenant=req.tenant, policy=req.policy, producer="evaluator/test",
-                      caused_by=req)  # fmt: skip
+    return make_event(
+        EvalCompleted(
+            revision=p.revision,
+            adapter_digest=p.adapter_digest,
+            suite=p.suite,
+            metrics=metrics,
+            thresholds=p.thresholds,
+            passed=not failures,
+            failures=failures,
+        ),
+        tenant=req.tenant,
+        policy=req.policy,
+        producer="evaluator/test",
+        caused_by=req,
+    )
 
 
 def test_gate_promotion_kill9_restart_auto_rollback_and_rebuild(settings, live, procs):
@@ -61,17 +96,26 @@ def test_gate_promotion_kill9_restart_auto_rollback_and_rebuild(settings, live, 
     client = MintClient(settings, tenant, producer="test", timeout_s=120)
     producer = EventProducer(settings)
     try:
-        client.create_policy(policy, base_model="tiny", suite="toy",
-                             thresholds={"reward": {"min": 0.6}}, rollback_metric="reward",
-                             rollback_tolerance=0.05)  # fmt: skip
+        client.create_policy(
+            policy,
+            base_model="tiny",
+            suite="toy",
+            thresholds={"reward": {"min": 0.6}},
+            rollback_metric="reward",
+            rollback_tolerance=0.05,
+        )
 
         def step(n: int, reward: float):
             exp = export(repo, tenant, policy, n)
             producer.publish(exp)
             # Caused by the export, or by the configuration when the controller read that
             # later (topics are not ordered among each other): match on the revision.
-            req = client.wait_for(lambda e: e.type == "eval.requested" and e.policy == policy
-                                  and e.payload.revision == n, what=f"eval.requested of {n}")  # fmt: skip
+            req = client.wait_for(
+                lambda e: (
+                    e.type == "eval.requested" and e.policy == policy and e.payload.revision == n
+                ),
+                what=f"eval.requested of {n}",
+            )
             assert req.payload.thresholds["reward"].min == 0.6 and req.payload.promote_to == "prod"
             done = answer(req, reward)
             producer.publish(done)
@@ -88,8 +132,9 @@ def test_gate_promotion_kill9_restart_auto_rollback_and_rebuild(settings, live, 
         cmd3 = client.wait_caused_by(e3, "serving.promote")
         assert cmd3.payload.expected_revision == 1
         client.wait_caused_by(cmd3, "alias.moved")
-        assert not [e for e in client.events(policy, ["serving.promote"])
-                    if e.payload.revision == 2]  # fmt: skip
+        assert not [
+            e for e in client.events(policy, ["serving.promote"]) if e.payload.revision == 2
+        ]
 
         # kill -9 the controller; the restarted one decides from the state it saved.
         controller.kill9()
@@ -98,8 +143,10 @@ def test_gate_promotion_kill9_restart_auto_rollback_and_rebuild(settings, live, 
         from schemas.events import EvalRequested
 
         for reward, expect_rollback in ((0.87, False), (0.5, True)):
-            req = client.send(policy, EvalRequested(revision=3, adapter_digest=e3.payload.adapter_digest,
-                                                    suite="toy"))  # fmt: skip
+            req = client.send(
+                policy,
+                EvalRequested(revision=3, adapter_digest=e3.payload.adapter_digest, suite="toy"),
+            )
             done = answer(req, reward)
             producer.publish(done)
             if expect_rollback:
@@ -117,11 +164,18 @@ def test_gate_promotion_kill9_restart_auto_rollback_and_rebuild(settings, live, 
             client.promote(policy, 3, expected_revision=1, reason="stale")
         assert refused.value.current_revision == 2
 
-        hist = wait_until(lambda: (h := repo.alias_history(tenant, policy, "prod")) and
-                          len(h) == 4 and h, 60, "4 history rows", projector)  # fmt: skip
+        hist = wait_until(
+            lambda: (h := repo.alias_history(tenant, policy, "prod")) and len(h) == 4 and h,
+            60,
+            "4 history rows",
+            projector,
+        )
         assert [(h.from_revision, h.to_revision, h.kind) for h in hist] == [
-            (1, 2, "promote"), (3, 1, "rollback"), (1, 3, "promote"), (None, 1, "promote"),
-        ]  # fmt: skip
+            (1, 2, "promote"),
+            (3, 1, "rollback"),
+            (1, 3, "promote"),
+            (None, 1, "promote"),
+        ]
         assert hist[1].moved_by == "controller" and hist[0].moved_by == "test"
         assert repo.resolve(f"{tenant}/{policy}@prod").revision == 2
     finally:

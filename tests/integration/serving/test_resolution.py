@@ -34,19 +34,26 @@ def test_alias_moved_event_takes_effect_on_the_next_resolve(settings, repo) -> N
     ensure_topics(settings)
     t = f"t{uuid.uuid4().hex[:8]}"
     repo.create_policy(t, "chat", "tiny-llama")
-    revs = [repo.register_revision(t, "chat", digest=digest(i),
-                                   store_uri=f"file:///store/{t}/chat/{i}") for i in (1, 2)]  # fmt: skip
+    revs = [
+        repo.register_revision(t, "chat", digest=digest(i), store_uri=f"file:///store/{t}/chat/{i}")
+        for i in (1, 2)
+    ]
     now = [0.0]
     cache = ResolutionCache(repo.resolve, ttl_s=600.0, clock=lambda: now[0])
     with pytest.raises(AliasNotFound, match="points nowhere"):
         cache.resolve(f"{t}/chat@prod")
     producer = EventProducer(settings)
-    events = make_consumer(settings, settings.topic("serving.events"),
-                           group_id=f"engine-{uuid.uuid4().hex[:6]}")  # fmt: skip
+    events = make_consumer(
+        settings, settings.topic("serving.events"), group_id=f"engine-{uuid.uuid4().hex[:6]}"
+    )
 
     def promote(rev: int) -> None:
-        cmd = make_event(PromoteCommand(alias="prod", revision=rev), tenant=t, policy="chat",
-                         producer="test/operator")  # fmt: skip
+        cmd = make_event(
+            PromoteCommand(alias="prod", revision=rev),
+            tenant=t,
+            policy="chat",
+            producer="test/operator",
+        )
         producer.publish(execute_serving_command(repo, cmd, producer="test/controller"))
 
     def apply_next() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from kafka import TopicPartition
 
 from schemas.settings import MintSettings
-from streams.clients import make_consumer
+from streams.follower import Follower
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[2]
@@ -20,21 +20,16 @@ ROOT = HERE.parents[2]
 def read_topic(settings: MintSettings, topic: str, isolation: str = "read_committed") -> list:
     """Every record of a broker topic, from the beginning up to its current end, in order per
     partition (partition 0 first)."""
-    consumer = make_consumer(settings, group_id=None, isolation_level=isolation)
-    try:
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        end = consumer.end_offsets(tps)
+    with Follower(settings, isolation_level=isolation) as follower:
+        tps = follower.partitions(topic)
+        follower.assign(tps, "beginning")
         out: dict[TopicPartition, list] = {tp: [] for tp in tps}
         deadline = time.monotonic() + 15
-        while any(consumer.position(tp) < end[tp] for tp in tps):
+        for records in follower.read_to(timeout_ms=300):
             assert time.monotonic() < deadline, f"could not read {topic} to its end in 15 s"
-            for tp, records in consumer.poll(timeout_ms=300).items():
-                out[tp].extend(records)
+            for r in records:
+                out[TopicPartition(r.topic, r.partition)].append(r)
         return [r for tp in tps for r in out[tp]]
-    finally:
-        consumer.close()
 
 
 def wait_until(predicate, timeout_s: float = 15.0, what: str = "condition") -> None:
@@ -74,5 +69,6 @@ def promote(tenant: str, policy: str, revision: int):
     from schemas.envelope import make_event
     from schemas.events import PromoteCommand
 
-    return make_event(PromoteCommand(revision=revision), tenant=tenant, policy=policy,
-                      producer="test/cli")  # fmt: skip
+    return make_event(
+        PromoteCommand(revision=revision), tenant=tenant, policy=policy, producer="test/cli"
+    )

@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 from schemas.settings import MintSettings
-from streams.consumer import run_consumer, stop_on_signals
+from streams.group import run_consumer
+from streams.records import stop_on_signals
 
 out = Path(sys.argv[1])
 kill_at = int(os.environ.get("KILL_AT_REVISION", "0"))
@@ -34,7 +35,13 @@ def handle(envelope, record) -> None:
         time.sleep(3600)
 
 
-stats = run_consumer(MintSettings(), ["serving.commands"], "redelivery", handle,
-                     idle_timeout_s=float(os.environ.get("IDLE_S", "3")),
-                     group_instance_id="redelivery-0", stop=stop_on_signals())  # fmt: skip
+stats = run_consumer(
+    MintSettings(),
+    ["serving.commands"],
+    "redelivery",
+    handle,
+    idle_timeout_s=float(os.environ.get("IDLE_S", "3")),
+    group_instance_id="redelivery-0",
+    stop=stop_on_signals(),
+)
 print(f"handled={stats.handled}", flush=True)

@@ -19,8 +19,11 @@ counts = app.Table("counts", default=int)
 async def count(stream):
     async for envelope in decoded(app, settings, stream, "counter"):
         counts[envelope.policy_id] += 1
-        report = {"policy": envelope.policy_id, "count": counts[envelope.policy_id],
-                  "revision": envelope.payload.revision}  # fmt: skip
+        report = {
+            "policy": envelope.policy_id,
+            "count": counts[envelope.policy_id],
+            "revision": envelope.payload.revision,
+        }
         await counts_out.send(key=envelope.key, value=json.dumps(report).encode())
 
 

@@ -16,22 +16,38 @@ from schemas.events import AliasMoved, InferFailed, InferRequested
 from schemas.examples import example_fields
 from schemas.settings import MintSettings
 from streams import EventProducer, ensure_topics
-from streams.consumer import ConsumerLoop
+from streams.deferred import DeferredWork
+from streams.group import ConsumerLoop
 
 ANSWERS = {"infer.requests": "infer.results"}
 
 
 def _requests(tenant: str, policy: str, n: int):
-    return [make_event(InferRequested(request_id=f"{policy}-r{i}", prompt="2+2=", max_tokens=4),
-                       tenant=tenant, policy=policy, producer="test/upstream")
-            for i in range(n)]  # fmt: skip
+    return [
+        make_event(
+            InferRequested(request_id=f"{policy}-r{i}", prompt="2+2=", max_tokens=4),
+            tenant=tenant,
+            policy=policy,
+            producer="test/upstream",
+        )
+        for i in range(n)
+    ]
 
 
 def _answer(request) -> object:
-    return make_event(InferFailed(request_id=request.payload.request_id, ref="x", stage="load",
-                                  error="test answer", engine_id="e0"),
-                      tenant=request.tenant, policy=request.policy, producer="test/engine",
-                      caused_by=request)  # fmt: skip
+    return make_event(
+        InferFailed(
+            request_id=request.payload.request_id,
+            ref="x",
+            stage="load",
+            error="test answer",
+            engine_id="e0",
+        ),
+        tenant=request.tenant,
+        policy=request.policy,
+        producer="test/engine",
+        caused_by=request,
+    )
 
 
 class Held:
@@ -40,12 +56,13 @@ class Held:
     def __init__(self, settings: MintSettings, group: str, **options) -> None:
         self.seen: dict[str, object] = {}
         self.revoked: list[set] = []
-        self.loop = ConsumerLoop(settings, ["infer.requests"], group, self._handle,
-                                 answers=ANSWERS, on_revoked=self.revoked.append,
-                                 **options)  # fmt: skip
+        self.deferred = DeferredWork(settings, answers=ANSWERS, on_revoked=self.revoked.append)
+        self.loop = ConsumerLoop(
+            settings, ["infer.requests"], group, self._handle, deferred=self.deferred, **options
+        )
 
     def _handle(self, env, record) -> None:
-        self.loop.hold(record, env.event_id)
+        self.deferred.hold(record, env.event_id)
         self.seen[env.payload.request_id] = env
 
     def step_until(self, done, timeout_s: float = 30.0) -> None:
@@ -71,10 +88,10 @@ def test_held_requests_are_redelivered_and_answered_ones_skipped(settings: MintS
             answered = [reqs[i] for i in (1, 3, 4, 5)]
             producer.publish_many([_answer(r) for r in answered])
             for r in answered:
-                assert first.loop.release(r.event_id)
+                assert first.deferred.release(r.event_id)
             # (a rebalance right after the topics were created may redeliver all six; the
             # answered four are then skipped and r0, r2 held again)
-            first.step_until(lambda: first.loop.held() == 2)
+            first.step_until(lambda: first.deferred.held() == 2)
         finally:
             first.close()  # dies with r0 and r2 unanswered: nothing after r0 was committed
 
@@ -86,8 +103,8 @@ def test_held_requests_are_redelivered_and_answered_ones_skipped(settings: MintS
             )
             assert second.loop.stats.duplicates == 4
             producer.publish_many([_answer(reqs[0]), _answer(reqs[2])])
-            second.loop.release(reqs[0].event_id)
-            second.loop.release(reqs[2].event_id)
+            second.deferred.release(reqs[0].event_id)
+            second.deferred.release(reqs[2].event_id)
             second.loop.step(100)  # commits to the end now
         finally:
             second.close()
@@ -114,7 +131,7 @@ def test_a_rebalance_moves_held_requests_to_the_new_owner(settings: MintSettings
         with EventProducer(settings) as producer:
             producer.publish_many(reqs)
         a.step_until(lambda: len(a.seen) == len(reqs))
-        assert a.loop.held() == len(reqs)
+        assert a.deferred.held() == len(reqs)
         b = Held(settings, group)
         # Both members poll until the group has split the partitions between them.
         deadline = time.monotonic() + 40
@@ -130,8 +147,8 @@ def test_a_rebalance_moves_held_requests_to_the_new_owner(settings: MintSettings
         # Held work of the moved partitions goes with them (redelivered from the committed
         # offset); the old owner holds exactly what it kept.
         deadline = time.monotonic() + 30
-        while not (a.loop.held() == len(kept) and b.loop.held() == len(reqs) - len(kept)):
-            assert time.monotonic() < deadline, (a.loop.held(), b.loop.held(), len(kept))
+        while not (a.deferred.held() == len(kept) and b.deferred.held() == len(reqs) - len(kept)):
+            assert time.monotonic() < deadline, (a.deferred.held(), b.deferred.held(), len(kept))
             a.loop.step(100)
             b.loop.step(100)
         assert 0 < len(kept) < len(reqs)
@@ -173,7 +190,7 @@ def test_an_engine_fills_its_alias_cache_from_policy_state_then_follows_moves(
         # A move on serving.events that the projector has not put on policy.state yet.
         producer.publish(_moved("acme", "late", 5))
 
-    def catalog_down(ref: str):
+    def catalog_down(ref):
         raise LookupError(f"{ref} is not cached and the catalog is not asked in this test")
 
     def cached(ref: str) -> int | None:
@@ -189,9 +206,16 @@ def test_an_engine_fills_its_alias_cache_from_policy_state_then_follows_moves(
             worker.step(100)
 
     resolver = ResolutionCache(catalog_down, ttl_s=60)
-    core = SimpleNamespace(engine_id=f"e-{uuid.uuid4().hex[:6]}", resolver=resolver,
-                           serves=None, drain_events=list, serve=list, stats={},
-                           on_alias_moved=lambda env: resolver.apply(env) and [])  # fmt: skip
+    core = SimpleNamespace(
+        engine_id=f"e-{uuid.uuid4().hex[:6]}",
+        resolver=resolver,
+        serves=None,
+        drain_events=list,
+        serve=list,
+        sweep=list,
+        stats={},
+        on_alias_moved=lambda env: resolver.apply(env) and [],
+    )
     worker = ServingWorker(settings, core)  # reads policy.state before it returns
     try:
         assert [cached(f"acme/{env.policy}@prod") for env in before] == [2, 2, 2]

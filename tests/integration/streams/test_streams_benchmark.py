@@ -13,8 +13,12 @@ from tests.integration.streams._streams_helpers import ROOT, worker_env
 def test_events_throughput_smoke(kafka_ready: MintSettings) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.events_throughput", "--smoke"],
-        cwd=ROOT, env=worker_env(kafka_ready), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=worker_env(kafka_ready),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.strip().splitlines()
     assert len(lines) == 1, done.stdout

@@ -141,8 +141,14 @@ def test_poison_messages_are_dead_lettered_with_reasons_and_good_ones_flow(
             raise RuntimeError("downstream rejects revision 99")
         handled.append(env.payload.revision)
 
-    stats = run_consumer(settings, ["serving.commands"], "dlq-test", handle, max_records=9,
-                         retry=RetryPolicy(max_attempts=3, backoff_s=0.05))  # fmt: skip
+    stats = run_consumer(
+        settings,
+        ["serving.commands"],
+        "dlq-test",
+        handle,
+        max_records=9,
+        retry=RetryPolicy(max_attempts=3, backoff_s=0.05),
+    )
     assert handled == [1, 2, 3, 4]
     assert stats.retries == 2 and stats.dead_lettered == 5
 
@@ -151,8 +157,11 @@ def test_poison_messages_are_dead_lettered_with_reasons_and_good_ones_flow(
     for record, (value, _), meta in zip(letters, poison, originals, strict=True):
         letter = DeadLetter.from_headers(record.headers)
         assert record.value == value and record.key == key  # original bytes kept
-        assert (letter.topic, letter.partition, letter.offset) == (topic, meta.partition,
-                                                                   meta.offset)  # fmt: skip
+        assert (letter.topic, letter.partition, letter.offset) == (
+            topic,
+            meta.partition,
+            meta.offset,
+        )
         assert letter.group == "dlq-test" and letter.error
     assert DeadLetter.from_headers(letters[-1].headers).attempts == 3
     assert "schema_version 7" in DeadLetter.from_headers(letters[3].headers).error
@@ -164,8 +173,9 @@ def test_poison_messages_are_dead_lettered_with_reasons_and_good_ones_flow(
 
 def test_an_envelope_for_an_other_tenants_store_is_dead_lettered(settings: MintSettings) -> None:
     ensure_topics(settings, ["export.events", "dlq"])
-    env = make_event(example_payload("export.completed", "acme", "p"), tenant="acme", policy="p",
-                     producer="t")  # fmt: skip
+    env = make_event(
+        example_payload("export.completed", "acme", "p"), tenant="acme", policy="p", producer="t"
+    )
     forged = encode_event(env).replace(b"/acme/p/", b"/evil/p/")
     with EventProducer(settings) as producer:
         producer.send_raw(settings.topic("export.events"), forged, b"acme/p")
@@ -210,13 +220,19 @@ def test_an_outage_longer_than_max_poll_interval_keeps_the_member_and_loses_noth
         if time.monotonic() < until:
             raise ConnectionError("Cassandra did not answer")
 
-    stats = run_consumer(settings, ["serving.commands"], group, handle, max_records=2,
-                         retry=RetryPolicy(max_attempts=2, backoff_s=0.5, max_backoff_s=1.0),
-                         max_poll_interval_ms=3000, heartbeat_interval_ms=1000)  # fmt: skip
+    stats = run_consumer(
+        settings,
+        ["serving.commands"],
+        group,
+        handle,
+        max_records=2,
+        retry=RetryPolicy(max_attempts=2, backoff_s=0.5, max_backoff_s=1.0),
+        max_poll_interval_ms=3000,
+        heartbeat_interval_ms=1000,
+    )
     assert stats.handled == 2 and stats.dead_lettered == 0 and stats.transient_retries >= 6
     assert [c for c in calls if c == 2] == [2]  # the second record waited, handled once
-    assert REGISTRY.get_sample_value("mint_consumer_waiting_out_outage",
-                                     {"group": group}) == 0  # fmt: skip
+    assert REGISTRY.get_sample_value("mint_consumer_waiting_out_outage", {"group": group}) == 0
     assert read_topic(settings, settings.topic("dlq")) == []
     # Committed: the group resumes after both records.
     again = run_consumer(settings, ["serving.commands"], group, handle, idle_timeout_s=3)

@@ -57,8 +57,9 @@ def test_kcat_event_written_from_the_json_schema_is_accepted(
         timeout=20,
     )
     got = []
-    stats = run_consumer(settings, [registry_topic], "foreign", lambda env, r: got.append((env, r)),
-                         max_records=1)  # fmt: skip
+    stats = run_consumer(
+        settings, [registry_topic], "foreign", lambda env, r: got.append((env, r)), max_records=1
+    )
     assert stats.handled == 1 and stats.dead_lettered == 0
     envelope, record = got[0]
     assert record.key == b"acme/math-rl"

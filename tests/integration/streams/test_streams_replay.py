@@ -62,19 +62,44 @@ def test_replay_by_offsets_and_dry_run_cli(settings: MintSettings) -> None:
     env = worker_env(settings)
     cli = [sys.executable, "-m", "mint.cli"]
     dry = subprocess.run(
-        [*cli, "replay", "serving.commands", "--from-time", t1.isoformat(), "--to-time",
-         t2.isoformat(), "--to-topic", "serving.events", "--dry-run"],
-        env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            *cli,
+            "replay",
+            "serving.commands",
+            "--from-time",
+            t1.isoformat(),
+            "--to-time",
+            t2.isoformat(),
+            "--to-topic",
+            "serving.events",
+            "--dry-run",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert dry.returncode == 0, dry.stderr
     assert f"would re-publish {len(inside)} records" in dry.stdout
     assert read_topic(settings, settings.topic("serving.events")) == []  # dry run changed nothing
 
     real = subprocess.run(
-        [*cli, "replay", "serving.commands", "--from-offset", "0", "--to-offset", "1",
-         "--to-topic", "serving.events"],
-        env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            *cli,
+            "replay",
+            "serving.commands",
+            "--from-offset",
+            "0",
+            "--to-offset",
+            "1",
+            "--to-topic",
+            "serving.events",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert real.returncode == 0, real.stderr
     partitions_used = len(
         {r.partition for r in read_topic(settings, settings.topic("serving.commands"))}
@@ -83,13 +108,22 @@ def test_replay_by_offsets_and_dry_run_cli(settings: MintSettings) -> None:
 
     tail = subprocess.run(
         [*cli, "tail", "serving.commands", "--from-beginning", "--limit", "3"],
-        env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert tail.returncode == 0, tail.stderr
     lines = tail.stdout.strip().splitlines()
-    assert len(lines) == 3 and all("serving.promote v1" in line and "acme/p" in line
-                                   for line in lines)  # fmt: skip
+    assert len(lines) == 3 and all(
+        "serving.promote v1" in line and "acme/p" in line for line in lines
+    )
 
-    bad = subprocess.run([*cli, "replay", "nope.topic", "--to-topic", "x"], env=env,
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    bad = subprocess.run(
+        [*cli, "replay", "nope.topic", "--to-topic", "x"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 1 and "does not exist" in bad.stderr

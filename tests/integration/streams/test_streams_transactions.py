@@ -70,12 +70,23 @@ def test_poison_inside_transactions_is_dead_lettered_once(settings: MintSettings
         )
         return [make_event(moved, tenant="acme", policy="p", producer="t", caused_by=envelope)]
 
-    stats = run_transactional(settings, ["serving.commands"], "tx-poison", "tx-poison-0", flaky,
-                              max_records=4, retry=RetryPolicy(2, 0.01))  # fmt: skip
+    stats = run_transactional(
+        settings,
+        ["serving.commands"],
+        "tx-poison",
+        "tx-poison-0",
+        flaky,
+        max_records=4,
+        retry=RetryPolicy(2, 0.01),
+    )
     assert (stats.handled, stats.dead_lettered) == (2, 2)
-    outputs = [decode_event(r.value).payload.to_revision
-               for r in read_topic(settings, settings.topic("serving.events"))]  # fmt: skip
+    outputs = [
+        decode_event(r.value).payload.to_revision
+        for r in read_topic(settings, settings.topic("serving.events"))
+    ]
     assert outputs == [1, 2]
-    reasons = [DeadLetter.from_headers(r.headers).reason
-               for r in read_topic(settings, settings.topic("dlq"))]  # fmt: skip
+    reasons = [
+        DeadLetter.from_headers(r.headers).reason
+        for r in read_topic(settings, settings.topic("dlq"))
+    ]
     assert reasons == ["undecodable", "handler_failed"]

@@ -34,10 +34,21 @@ def process(envelope, record):
         store_uri=f"s3://store/{envelope.tenant}/{envelope.policy}/revisions/1",
         cause="promote",
     )
-    yield make_event(moved, tenant=envelope.tenant, policy=envelope.policy,
-                     producer="test/promoter", caused_by=envelope)  # fmt: skip
+    yield make_event(
+        moved,
+        tenant=envelope.tenant,
+        policy=envelope.policy,
+        producer="test/promoter",
+        caused_by=envelope,
+    )
 
 
-stats = run_transactional(MintSettings(), ["serving.commands"], "promoter", "promoter-0",
-                          process, idle_timeout_s=float(os.environ.get("IDLE_S", "3")))  # fmt: skip
+stats = run_transactional(
+    MintSettings(),
+    ["serving.commands"],
+    "promoter",
+    "promoter-0",
+    process,
+    idle_timeout_s=float(os.environ.get("IDLE_S", "3")),
+)
 print(f"handled={stats.handled}", flush=True)

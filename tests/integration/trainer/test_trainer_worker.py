@@ -13,8 +13,9 @@ from catalog.repository import CatalogRepository
 from catalog.store import AdapterStore
 from schemas import make_event
 from schemas.events import LoraSpec, UpdateRequested
-from streams.consumer import RetryPolicy, run_consumer
+from streams.group import run_consumer
 from streams.producer import EventProducer
+from streams.records import RetryPolicy
 from workers.projector import run_projector
 from workers.trainer import TrainerConfig
 from workers.trainer.worker import derived_id, run_trainer
@@ -31,40 +32,65 @@ def write_data(settings, name: str, rows: list[dict]) -> str:
 
 def request(base: Path, data_uri: str, parent: int | None, objective: str = "sft"):
     payload = UpdateRequested(
-        base_model=str(base), parent_revision=parent, objective=objective, data_uri=data_uri,
-        steps=3, batch_size=4, learning_rate=1e-2, seed=0,
+        base_model=str(base),
+        parent_revision=parent,
+        objective=objective,
+        data_uri=data_uri,
+        steps=3,
+        batch_size=4,
+        learning_rate=1e-2,
+        seed=0,
         lora=LoraSpec(rank=8, alpha=16, target_modules=["q_proj", "v_proj"]),
-    )  # fmt: skip
+    )
     return make_event(payload, tenant=TENANT, policy=POLICY, producer="sdk/test")
 
 
 def read_events(settings, topic: str) -> list:
     seen = []
-    run_consumer(settings, [topic], f"reader-{uuid.uuid4().hex[:6]}",
-                 lambda env, rec: seen.append(env), idle_timeout_s=3,
-                 auto_offset_reset="earliest")  # fmt: skip
+    run_consumer(
+        settings,
+        [topic],
+        f"reader-{uuid.uuid4().hex[:6]}",
+        lambda env, rec: seen.append(env),
+        idle_timeout_s=3,
+        auto_offset_reset="earliest",
+    )
     return seen
 
 
 def test_updates_export_register_and_redelivery_returns_the_same_revision(
     settings, live, tiny_llama: Path
 ):
-    sft = write_data(settings, "sft.jsonl", [
-        {"prompt": f"question: {i} plus {i} equals? answer:", "completion": f" {2 * i}"}
-        for i in range(8)
-    ])  # fmt: skip
-    rl = write_data(settings, "rl.jsonl", [
-        {"prompt": "hello", "completion": f" world {i}", "reward": float(i % 2), "group": i // 4}
-        for i in range(8)
-    ])  # fmt: skip
+    sft = write_data(
+        settings,
+        "sft.jsonl",
+        [
+            {"prompt": f"question: {i} plus {i} equals? answer:", "completion": f" {2 * i}"}
+            for i in range(8)
+        ],
+    )
+    rl = write_data(
+        settings,
+        "rl.jsonl",
+        [
+            {
+                "prompt": "hello",
+                "completion": f" world {i}",
+                "reward": float(i % 2),
+                "group": i // 4,
+            }
+            for i in range(8)
+        ],
+    )
     first = request(tiny_llama, sft, None)
     second = request(tiny_llama, rl, 1, objective="rl")
     with EventProducer(settings) as producer:
         # The first request arrives three times (at-least-once redelivery), then the next one.
         producer.publish_many([first, first, second, first])
     config = TrainerConfig(base_model=str(tiny_llama))
-    stats = run_trainer(settings, config, idle_timeout_s=4, max_records=4,
-                        retry=RetryPolicy(max_attempts=1))  # fmt: skip
+    stats = run_trainer(
+        settings, config, idle_timeout_s=4, max_records=4, retry=RetryPolicy(max_attempts=1)
+    )
     assert sum(s.handled for s in stats) == 4 and sum(s.dead_lettered for s in stats) == 0
 
     repo = CatalogRepository(live, settings.keyspace)
@@ -83,8 +109,10 @@ def test_updates_export_register_and_redelivery_returns_the_same_revision(
     assert len(exports) == 4 and len(by_id) == 2
     assert by_id[derived_id(first.event_id, "export")] == {(1, revisions[1].digest)}
     assert by_id[derived_id(second.event_id, "export")] == {(2, revisions[0].digest)}
-    assert {e.event_id for e in updates} == {derived_id(first.event_id, "update"),
-                                             derived_id(second.event_id, "update")}  # fmt: skip
+    assert {e.event_id for e in updates} == {
+        derived_id(first.event_id, "update"),
+        derived_id(second.event_id, "update"),
+    }
     assert all(e.causation_id in (first.event_id, second.event_id) for e in exports + updates)
 
     # The exported revisions verify in the store against the base's fingerprint.
@@ -106,9 +134,14 @@ def test_request_for_another_base_model_is_dead_lettered(settings, live, tiny_ll
     wrong = request(Path("/models/other-base"), data, None)
     with EventProducer(settings) as producer:
         producer.publish(wrong)
-    stats = run_trainer(settings, TrainerConfig(base_model=str(tiny_llama)), idle_timeout_s=4,
-                        max_records=1, retry=RetryPolicy(max_attempts=1))  # fmt: skip
-    assert stats[0].dead_lettered == 1 and stats[0].reasons == {"handler_failed": 1}
+    stats = run_trainer(
+        settings,
+        TrainerConfig(base_model=str(tiny_llama)),
+        idle_timeout_s=4,
+        max_records=1,
+        retry=RetryPolicy(max_attempts=1),
+    )
+    assert stats[0].dead_lettered == 1 and stats[0].reasons == {"refused": 1}  # at once
     letters = read_events_raw(settings, "dlq")
     assert any(b"this trainer holds" in h for _, h in letters)
     assert AdapterStore.from_settings(settings).list(TENANT, POLICY) == []
@@ -118,8 +151,12 @@ def read_events_raw(settings, topic: str) -> list[tuple[bytes, bytes]]:
     from streams.clients import make_consumer
     from streams.topics import topic_for
 
-    consumer = make_consumer(settings, group_id=f"raw-{uuid.uuid4().hex[:6]}",
-                             auto_offset_reset="earliest", consumer_timeout_ms=4000)  # fmt: skip
+    consumer = make_consumer(
+        settings,
+        group_id=f"raw-{uuid.uuid4().hex[:6]}",
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=4000,
+    )
     consumer.subscribe([topic_for(settings, topic)])
     out = [(r.value, v) for r in consumer for k, v in (r.headers or []) if k == "mint.dlq.error"]
     consumer.close()
@@ -136,8 +173,14 @@ def test_two_consumers_share_one_trainer_for_many_policies(settings, live, tiny_
         path = Path(settings.adapter_store_root) / TENANT / policy / "data" / "d.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        payload = UpdateRequested(base_model=str(tiny_llama), data_uri=path.as_uri(), steps=2,
-                                  batch_size=2, learning_rate=1e-2, seed=n)  # fmt: skip
+        payload = UpdateRequested(
+            base_model=str(tiny_llama),
+            data_uri=path.as_uri(),
+            steps=2,
+            batch_size=2,
+            learning_rate=1e-2,
+            seed=n,
+        )
         events.append(make_event(payload, tenant=TENANT, policy=policy, producer="sdk/test"))
     with EventProducer(settings) as producer:
         producer.publish_many(events)
@@ -159,12 +202,24 @@ def test_a_failed_update_is_retried_from_exactly_where_it_started(settings, live
     from workers.trainer import MultiPolicyTrainer
     from workers.trainer.worker import TrainerService
 
-    sft = write_data(settings, "retry.jsonl", [
-        {"prompt": f"question: {i} plus {i} equals? answer:", "completion": f" {2 * i}"}
-        for i in range(8)
-    ])  # fmt: skip
-    warm = UpdateRequested(base_model=str(tiny_llama), objective="sft", data_uri=sft, steps=2,
-                           batch_size=4, learning_rate=1e-2, seed=0, export=False)  # fmt: skip
+    sft = write_data(
+        settings,
+        "retry.jsonl",
+        [
+            {"prompt": f"question: {i} plus {i} equals? answer:", "completion": f" {2 * i}"}
+            for i in range(8)
+        ],
+    )
+    warm = UpdateRequested(
+        base_model=str(tiny_llama),
+        objective="sft",
+        data_uri=sft,
+        steps=2,
+        batch_size=4,
+        learning_rate=1e-2,
+        seed=0,
+        export=False,
+    )
     store, repo = AdapterStore.from_settings(settings), CatalogRepository(live, settings.keyspace)
 
     def weights(trainer) -> list:
@@ -172,8 +227,9 @@ def test_a_failed_update_is_retried_from_exactly_where_it_started(settings, live
 
     def run(fail_at_step: int | None) -> list:
         warmup = make_event(warm, tenant=TENANT, policy=POLICY, producer="sdk/test")
-        update = make_event(warm.model_copy(update={"steps": 3}), tenant=TENANT, policy=POLICY,
-                            producer="sdk/test")  # fmt: skip
+        update = make_event(
+            warm.model_copy(update={"steps": 3}), tenant=TENANT, policy=POLICY, producer="sdk/test"
+        )
         trainer = MultiPolicyTrainer(TrainerConfig(base_model=str(tiny_llama)))
         with EventProducer(settings) as producer:
             service = TrainerService(trainer, store, repo, producer)
@@ -208,14 +264,23 @@ def test_trainer_metrics_move_when_it_trains(settings, live, tiny_llama: Path) -
 
     port = health.serve(0)
     before = scrape(port)
-    data = write_data(settings, "sft-metrics.jsonl", [
-        {"prompt": f"question: {i} plus {i} equals? answer:", "completion": f" {2 * i}"}
-        for i in range(8)
-    ])  # fmt: skip
+    data = write_data(
+        settings,
+        "sft-metrics.jsonl",
+        [
+            {"prompt": f"question: {i} plus {i} equals? answer:", "completion": f" {2 * i}"}
+            for i in range(8)
+        ],
+    )
     with EventProducer(settings) as producer:
         producer.publish(request(tiny_llama, data, None))
-    stats = run_trainer(settings, TrainerConfig(base_model=str(tiny_llama)), idle_timeout_s=4,
-                        max_records=1, retry=RetryPolicy(max_attempts=1))  # fmt: skip
+    stats = run_trainer(
+        settings,
+        TrainerConfig(base_model=str(tiny_llama)),
+        idle_timeout_s=4,
+        max_records=1,
+        retry=RetryPolicy(max_attempts=1),
+    )
     assert sum(s.handled for s in stats) == 1
     after = scrape(port)
 

@@ -1,0 +1,20 @@
+"""The keyspace's tables by kind: one list that the roles' grants, the catalog dump and the
+rebuild all read, so a table added by a migration is added here once (tests/unit/test_acls.py
+checks that every migrated table is in :data:`TABLES`)."""
+
+from __future__ import annotations
+
+# The catalog (a projection of the log), the controller's state, the gateway's access rows.
+CATALOG = (
+    "tenants",
+    "policies",
+    "revisions",
+    "revisions_by_digest",
+    "aliases",
+    "alias_history",
+    "applied_events",
+)
+STATE = ("worker_state",)
+ACCESS = ("tenant_access", "api_keys", "api_keys_by_tenant")
+MIGRATIONS = ("schema_migrations",)
+TABLES = CATALOG + STATE + ACCESS + MIGRATIONS

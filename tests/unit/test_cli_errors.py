@@ -1,0 +1,105 @@
+"""One CLI error decorator: what MinT raises on purpose is one `error: …` line and exit 1, a usage
+error is click's exit 2, a bug keeps its traceback; every command a person runs wears it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+from kafka.errors import KafkaConfigurationError
+
+from catalog.cluster import CassandraUnavailable
+from catalog.exceptions import InvalidReference
+from mint.cli import main
+from mint.commands.errors import one_line_errors
+from mint.dev.launcher import LauncherError
+from mint.sdk import WaitTimeout
+from schemas.exceptions import EventValidationError
+from streams.exceptions import KafkaUnavailable
+from workers.models.exceptions import ModelBuildError
+
+
+def _run(error: BaseException, *also: type[BaseException]):
+    @click.command()
+    @(one_line_errors(*also) if also else one_line_errors)
+    def cmd() -> None:
+        raise error
+
+    return CliRunner().invoke(cmd, [])
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        InvalidReference("'Acme' is not a tenant name: use lowercase letters"),
+        CassandraUnavailable("no Cassandra node at 127.0.0.1:1: start one with `mint dev up`"),
+        KafkaUnavailable("no Kafka broker at 127.0.0.1:1: start one with `mint dev up`"),
+        WaitTimeout("no eval.completed within 60 s"),
+        ModelBuildError("unknown arch 'gpt'"),
+        LauncherError("Java 17 or newer is required"),
+        EventValidationError("payload.revision: must be ≥ 1"),
+        NotADirectoryError(20, "Not a directory", "/tmp/file/sub"),
+        KafkaConfigurationError("unrecognized configs: foo"),
+    ],
+)
+def test_mint_os_and_kafka_errors_are_one_line_and_exit_1(error: BaseException) -> None:
+    result = _run(error)
+    assert result.exit_code == 1, result.output
+    assert result.output == f"error: {error}\n"
+
+
+def test_markup_in_a_message_is_printed_as_it_is() -> None:
+    result = _run(InvalidReference("bad name [bold]x[/bold] in [acme]"))
+    assert result.output == "error: bad name [bold]x[/bold] in [acme]\n"
+
+
+def test_a_long_message_stays_on_one_line() -> None:
+    message = "no Kafka broker at 127.0.0.1:1: " + "x" * 300
+    assert _run(KafkaUnavailable(message)).output == f"error: {message}\n"
+
+
+def test_usage_errors_stay_clicks_with_exit_2() -> None:
+    result = _run(click.UsageError("give --model DIR"))
+    assert (
+        result.exit_code == 2 and "Usage:" in result.output and "give --model DIR" in result.output
+    )
+    assert _run(click.UsageError("x"), RuntimeError).exit_code == 2  # click's, even when widened
+
+
+def test_a_bug_keeps_its_traceback_and_extras_are_opt_in() -> None:
+    bug = _run(KeyError("oops"))
+    assert isinstance(bug.exception, KeyError)  # not swallowed into a line
+    assert isinstance(_run(RuntimeError("refused ACLs")).exception, RuntimeError)
+    widened = _run(RuntimeError("broker refused ACLs"), RuntimeError)
+    assert (widened.exit_code, widened.output) == (1, "error: broker refused ACLs\n")
+
+
+def _commands(group: click.Group, path: tuple[str, ...] = ()):
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            yield from _commands(command, (*path, name))
+        else:
+            yield " ".join((*path, name)), command
+
+
+# Worker processes are not run by a person at a prompt: a crash keeps its traceback in the log.
+WORKERS = "worker "
+
+
+def test_every_command_a_person_runs_wears_the_decorator() -> None:
+    bare = [
+        path
+        for path, command in _commands(main)
+        if not path.startswith(WORKERS) and not hasattr(command.callback, "one_line_errors")
+    ]
+    assert bare == [], f"add @one_line_errors (mint/commands/errors.py) to: {bare}"
+
+
+def test_a_secrets_folder_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
+    # Before: `mint security secrets` had no handler and printed a NotADirectoryError traceback.
+    (tmp_path / "file").write_text("")
+    result = CliRunner().invoke(main, ["security", "secrets", "--dir", str(tmp_path / "file/s")])
+    assert result.exit_code == 1 and result.output.startswith("error: "), result.output
+    assert "Traceback" not in result.output and "Not a directory" in result.output
