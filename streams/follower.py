@@ -44,6 +44,7 @@ from streams.records import (
     RetryPolicy,
     Stopped,
     commit_offsets,
+    poll_records,
 )
 
 log = structlog.get_logger()
@@ -161,7 +162,7 @@ class Follower:
             consumer.pause(*(assigned - pending))
         while pending and not (stop is not None and stop.is_set()):
             got = []
-            for tp, records in consumer.poll(timeout_ms=timeout_ms).items():
+            for tp, records in poll_records(consumer, timeout_ms).items():
                 end = ends.get(tp, 0)
                 got += [r for r in records if r.offset < end]
             for tp in list(pending):

@@ -50,6 +50,7 @@ from streams.records import (
     RunHandler,
     Stopped,
     commit_offsets,
+    poll_records,
 )
 from streams.topics import topic_for
 
@@ -236,7 +237,7 @@ class ConsumerLoop:
         if waiting:
             consumer.pause(*consumer.assignment())
             # Long enough for a rebalance begun here to finish, so the commit after it holds.
-            for tp, records in consumer.poll(timeout_ms=300).items():
+            for tp, records in poll_records(consumer, 300).items():
                 consumer.seek(tp, records[0].offset)  # newly assigned mid-poll: read them later
         else:
             consumer.resume(*consumer.paused())
@@ -245,7 +246,7 @@ class ConsumerLoop:
         """One poll: handle its records, run the deferred work's ``before_commit``, commit.
         Returns how many records it finished. Raises Stopped when stop is set during a wait
         (nothing more is committed)."""
-        batches = self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
+        batches = poll_records(self.consumer, timeout_ms, max_records)
         before = self.stats.records
         if self._pool is not None and batches:
             try:

@@ -21,6 +21,7 @@ reads (``streams.follower.run_range``) and by ``streams.transactional``. The rul
   the error and the original topic/partition/offset (``schemas.events.DeadLetter``). A record
   counts as finished only after the broker confirmed its dead letter: nothing is dropped, and no
   partition is blocked forever.
+- :func:`poll_records`: a poll that meets the broker away polls nothing and tries again.
 - :func:`commit_offsets`: a commit the broker cannot take now (it is restarting, or a rebalance
   is under way) is tried again at the next poll, never fatal; :class:`MembershipWatch` turns
   commits refused for a minute on end into ``OutOfGroup`` (a member out of its group).
@@ -317,6 +318,23 @@ class RecordLoop:
 
 
 CommitOutcome = Literal["committed", "refused", "deferred"]
+
+
+def poll_records(
+    consumer: KafkaConsumer, timeout_ms: int, max_records: int | None = None
+) -> dict[TopicPartition, list[ConsumerRecord]]:
+    """``consumer.poll`` that outlives the broker going away: kafka-python 3.0 raises a failed
+    metadata refresh (e.g. ``KafkaConnectionError`` while the broker restarts) out of ``poll``
+    (the projector died that way in CI's fault-injection run). A transient error polls nothing
+    and waits ``timeout_ms``; the client reconnects by itself. Anything else propagates."""
+    try:
+        return consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
+    except Exception as e:
+        if not is_transient(e):
+            raise
+        log.warning("poll failed for now; polling again", error=f"{type(e).__name__}: {e}")
+        time.sleep(timeout_ms / 1000)
+        return {}
 
 
 def commit_offsets(consumer: KafkaConsumer, offsets: dict[TopicPartition, int]) -> CommitOutcome:

@@ -31,7 +31,7 @@ from schemas.envelope import Envelope
 from schemas.registry import encode_event
 from schemas.settings import MintSettings
 from streams.clients import make_consumer, make_producer
-from streams.records import ConsumerStats, RecordLoop, RetryPolicy, Stopped
+from streams.records import ConsumerStats, RecordLoop, RetryPolicy, Stopped, poll_records
 from streams.topics import DLQ, topic_for, topic_for_type
 
 log = structlog.get_logger()
@@ -106,7 +106,7 @@ def run_transactional(
             if max_records is not None and stats.records >= max_records:
                 break
             budget = None if max_records is None else max_records - stats.records
-            batches = consumer.poll(timeout_ms=200, max_records=budget)
+            batches = poll_records(consumer, 200, budget)
             if not batches:
                 if not consumer.assignment():  # idle time counts once assigned
                     last_seen = time.monotonic()

@@ -13,6 +13,7 @@ from kafka.errors import (
     KafkaConnectionError,
     KafkaTimeoutError,
     RebalanceInProgressError,
+    TopicAuthorizationFailedError,
 )
 
 from schemas import EVENT_TYPES, encode_event, make_event
@@ -21,7 +22,7 @@ from schemas.examples import example_payload
 from schemas.settings import MintSettings
 from streams import TOPICS, RetryPolicy, StreamsError, TopicError, topic_for, topic_for_type
 from streams.exceptions import OutOfGroup
-from streams.records import MembershipWatch, RecordLoop, commit_offsets, dead_letter
+from streams.records import MembershipWatch, RecordLoop, commit_offsets, dead_letter, poll_records
 from streams.replay import Window, fresh_group, load_processor
 
 SETTINGS = MintSettings(topic_prefix="unit")
@@ -189,6 +190,25 @@ def test_a_commit_lost_to_an_outage_or_rebalance_is_retried_not_raised(error) ->
     assert commit_offsets(consumer, {tp: 5}) == refused
     assert commit_offsets(consumer, {tp: 5}) == "committed"
     assert consumer.committed == [{tp: 5}]
+
+
+class _PollFails:
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def poll(self, timeout_ms: int, max_records: int | None = None):
+        raise self.error
+
+
+def test_a_poll_that_meets_the_broker_away_polls_nothing() -> None:
+    # kafka-python raises a failed metadata refresh out of poll() while the broker restarts; the
+    # projector died of it in CI's fault-injection run.
+    assert poll_records(_PollFails(KafkaConnectionError("111 ECONNREFUSED")), 10) == {}
+
+
+def test_a_poll_failing_for_another_reason_propagates() -> None:
+    with pytest.raises(TopicAuthorizationFailedError):
+        poll_records(_PollFails(TopicAuthorizationFailedError("not yours")), 10)
 
 
 class _Clock:
