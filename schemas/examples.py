@@ -31,6 +31,24 @@ def example_fields(
         },
         "update.requested": {"base_model": "tiny-llama", "data_uri": f"{root}/data/sft.jsonl"},
         "update.completed": {"steps": 1, "loss": 2.3, "duration_s": 0.8, "exported": True},
+        "train.step.requested": {
+            "request_id": "fwd-1",
+            "op": "forward_backward",
+            "base_model": "tiny-llama",
+            "datums": [{"tokens": [1, 2, 3], "target_tokens": [2, 3, 4], "weights": [0, 1, 1]}],
+        },
+        "train.step.completed": {
+            "request_id": "fwd-1",
+            "op": "forward_backward",
+            "loss": 2.3,
+            "logprobs": [[-1.5, -0.8, -2.1]],
+        },
+        "train.step.failed": {
+            "request_id": "fwd-1",
+            "op": "optim_step",
+            "stage": "policy",
+            "reason": "acme/math-rl has no adapter: create it first",
+        },
         "export.completed": {
             "revision": 1,
             "adapter_digest": DIGEST,

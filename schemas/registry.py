@@ -31,6 +31,9 @@ from schemas.events import (
     RolloutCompleted,
     RolloutRequested,
     ServingRefused,
+    TrainStepCompleted,
+    TrainStepFailed,
+    TrainStepRequested,
     UpdateCompleted,
     UpdateRequested,
 )
@@ -61,6 +64,9 @@ _ALL: tuple[type[Payload], ...] = (
     InferCompleted,
     InferFailed,
     PolicyConfigured,
+    TrainStepRequested,
+    TrainStepCompleted,
+    TrainStepFailed,
 )
 
 PAYLOADS: dict[tuple[str, int], type[Payload]] = {(p.event_type, p.schema_version): p for p in _ALL}

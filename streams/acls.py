@@ -71,8 +71,8 @@ PRINCIPALS: dict[str, Grants] = {
         groups=("controller",),
     ),
     "trainer": Grants(
-        reads=("update.requests",),
-        writes=("update.results", "export.events", "dlq"),
+        reads=("update.requests", "train.steps"),
+        writes=("update.results", "train.step.results", "export.events", "dlq"),
         groups=("trainer",),
     ),
     # Engines read their own results topics too: a redelivered request already answered there
@@ -101,7 +101,9 @@ PRINCIPALS: dict[str, Grants] = {
     ),
     # The OpenAI gateway (`mint gateway`): asks the engines, follows their answers without a
     # group (each instance takes only its own; gateway/README.md).
-    "gateway": Grants(reads=("infer.results",), writes=("infer.requests",)),
+    "gateway": Grants(
+        reads=("infer.results", "train.step.results"), writes=("infer.requests", "train.steps")
+    ),
     "upstream": Grants(writes=REQUESTS),
     "downstream": Grants(reads=("infer.results",), groups=("downstream",)),
     # copies each answer to its tenant's topic (workers.router.ROUTER_GROUP)

@@ -45,6 +45,8 @@ _SPECS = [
     TopicSpec("rollout.results", "rollout.completed events (claim checks)"),
     TopicSpec("update.requests", "update.requested commands"),
     TopicSpec("update.results", "update.completed events"),
+    TopicSpec("train.steps", "train.step.requested: Tinker API training calls"),
+    TopicSpec("train.step.results", "train.step.completed / train.step.failed answers"),
     # The catalog is a projection of these: keep them forever so a replay rebuilds it.
     TopicSpec("export.events", "export.completed: new revisions", retention_ms=-1),
     TopicSpec("eval.requests", "eval.requested commands"),

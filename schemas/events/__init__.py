@@ -8,9 +8,17 @@ from schemas.events.lifecycle import PolicyConfigured
 from schemas.events.load import AdapterEvicted, AdapterLoaded, LoadFailed, LoadRequested
 from schemas.events.rollout import RolloutCompleted, RolloutRequested
 from schemas.events.serving import AliasMoved, PromoteCommand, RollbackCommand, ServingRefused
+from schemas.events.steps import (
+    AdamSpec,
+    StepDatum,
+    TrainStepCompleted,
+    TrainStepFailed,
+    TrainStepRequested,
+)
 from schemas.events.update import LoraSpec, UpdateCompleted, UpdateRequested
 
 __all__ = [
+    "AdamSpec",
     "AdapterEvicted",
     "AdapterLoaded",
     "AliasMoved",
@@ -31,7 +39,11 @@ __all__ = [
     "RolloutCompleted",
     "RolloutRequested",
     "ServingRefused",
+    "StepDatum",
     "Threshold",
+    "TrainStepCompleted",
+    "TrainStepFailed",
+    "TrainStepRequested",
     "UpdateCompleted",
     "UpdateRequested",
     "threshold_failures",
