@@ -19,6 +19,8 @@ from schemas.names import AliasName, Digest
 REQUEST_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 MAX_PROMPT_CHARS = 200_000
 StopText = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+MAX_PROMPT_TOKEN_IDS = 32768
+TokenId = Annotated[int, Field(ge=0)]
 
 
 class ChatTurn(BaseModel):
@@ -78,6 +80,37 @@ class InferRequested(Command):
     expires_at: AwareDatetime | None = Field(
         None, description="the caller stops waiting then: not run after it (stage expired)"
     )
+
+    # Added (optional, backward compatible) for the Tinker API's SamplingClient.sample, which
+    # sends token ids: the engine runs these ids as they are (no tokenizer, no template), and
+    # ``prompt`` becomes a label for readers and logs only. Producers put the decoded text there
+    # when they can (cut to MAX_PROMPT_CHARS), else "<N tokens>". Upgrade the engines before the
+    # producers (see messages).
+    prompt_token_ids: list[TokenId] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_PROMPT_TOKEN_IDS,
+        description="run these token ids as the prompt (chat false, no messages); prompt is "
+        "then only a label: the decoded text, or '<N tokens>'. An id outside the model's "
+        "vocabulary: infer.failed, validate, invalid_value",
+    )
+
+    @model_validator(mode="after")
+    def _token_prompt_is_raw(self) -> InferRequested:
+        # Token ids are already what the template would produce: rendering them again is a
+        # caller's mistake, not a request an engine can guess the meaning of.
+        if self.prompt_token_ids is not None:
+            if self.messages is not None:
+                raise ValueError(
+                    "prompt_token_ids and messages are exclusive; send one prompt: token ids "
+                    "(with chat=false) or messages (with chat=true)"
+                )
+            if self.chat:
+                raise ValueError(
+                    "prompt_token_ids need chat=false (token ids are not rendered by the chat "
+                    "template); send chat=false, or send text in prompt/messages instead"
+                )
+        return self
 
     @model_validator(mode="after")
     def _messages_need_chat(self) -> InferRequested:
