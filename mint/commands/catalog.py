@@ -13,6 +13,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from mint.commands.args import tenant_policy
 from mint.commands.cassandra import catalog_session
 from mint.commands.catalog_import import import_cmd
 from mint.commands.errors import one_line_errors
@@ -21,13 +22,6 @@ from schemas.settings import get_settings
 
 console = Console(stderr=True)
 out = Console()
-
-
-def _split(policy_id: str) -> tuple[str, str]:
-    tenant, sep, policy = policy_id.partition("/")
-    if not sep:
-        raise click.BadParameter(f"{policy_id!r} is not tenant/policy (e.g. acme/math-rl)")
-    return tenant, policy
 
 
 @click.group("catalog")
@@ -137,7 +131,7 @@ def create_policy_cmd(policy_id: str, base_model: str, by: str) -> None:
     settings = get_settings()
     with catalog_session(settings) as session:
         p = CatalogRepository(session, settings.keyspace).create_policy(
-            *_split(policy_id), base_model, by=by
+            *tenant_policy(policy_id), base_model, by=by
         )
     console.print(f"policy {p.name} on {p.base_model} (created {p.created_at:%Y-%m-%d %H:%M})")
 
@@ -167,7 +161,7 @@ def revisions_cmd(policy_id: str, limit: int) -> None:
     table = Table("rev", "digest", "store uri", "parent", "created", "by")
     with catalog_session(settings) as session:
         repo = CatalogRepository(session, settings.keyspace)
-        for i, r in enumerate(repo.iter_revisions(*_split(policy_id))):
+        for i, r in enumerate(repo.iter_revisions(*tenant_policy(policy_id))):
             if i >= limit:
                 break
             table.add_row(

@@ -15,6 +15,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from mint.commands.args import tenant_policy
 from mint.commands.errors import one_line_errors
 from schemas.settings import get_settings
 
@@ -22,13 +23,6 @@ console = Console(stderr=True)
 out = Console()
 
 GATE_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._/-]*)\s*(>=|<=)\s*(-?[0-9.eE+-]+)$")
-
-
-def _split(policy_id: str) -> tuple[str, str]:
-    tenant, sep, policy = policy_id.partition("/")
-    if not sep or not tenant or not policy:
-        raise click.BadParameter(f"{policy_id!r} is not tenant/policy (e.g. acme/math-rl)")
-    return tenant, policy.partition("@")[0]
 
 
 def _client(tenant: str, timeout_s: float = 60.0, producer: str = "cli"):
@@ -135,7 +129,7 @@ def policies_configure(
       mint policies configure acme/math-rl --base-model ./models/llama --suite toy-even \\
           --gate reward>=0.6 --rollback-metric reward --tolerance 0.05
     """
-    tenant, policy = _split(policy_id)
+    tenant, policy = tenant_policy(policy_id)
     with _client(tenant) as c:
         env = c.create_policy(
             policy,
@@ -162,7 +156,7 @@ def policies_configure(
 @one_line_errors
 def revisions(policy_id: str, limit: int) -> None:
     """A policy's revisions, newest first, with the aliases that point at them."""
-    tenant, policy = _split(policy_id)
+    tenant, policy = tenant_policy(policy_id)
     with _client(tenant) as c:
         by_rev: dict[int, list[str]] = {}
         for a in c.aliases(policy):
@@ -189,7 +183,7 @@ def history(reference: str, alias: str | None, limit: int) -> None:
     """An alias's moves (catalog history rows), newest first: who moved it, when and why.
 
     REFERENCE is tenant/policy or tenant/policy@alias."""
-    tenant, policy = _split(reference)
+    tenant, policy = tenant_policy(reference)
     alias = alias or (reference.partition("@")[2] or "prod")
     with _client(tenant) as c:
         moves = c.history(policy, alias, limit=limit)
@@ -228,7 +222,7 @@ def promote(reference: str, alias: str, expected: int | None, reason: str, timeo
     Publishes serving.promote; the controller carries it out by compare-and-set on the catalog
     and publishes alias.moved, which this command waits for, or serving.refused, whose reason
     it prints at once (exit 1): e.g. `--expected 3` while the alias is at 4."""
-    tenant, policy = _split(reference)
+    tenant, policy = tenant_policy(reference)
     rev = reference.partition("@")[2]
     if not rev.isdigit():
         raise click.BadParameter(f"{reference!r} names no revision (tenant/policy@N)")
@@ -258,7 +252,7 @@ def rollback(
     """Move an alias back (to where it pointed before its latest move, or --to N).
 
     Two rollbacks in a row return to where they started (like `kubectl rollout undo`)."""
-    tenant, policy = _split(policy_id)
+    tenant, policy = tenant_policy(policy_id)
     moved = move_alias(
         tenant,
         policy,
@@ -289,7 +283,7 @@ def infer(reference: str, prompt: str, max_tokens: int, chat: bool, timeout: flo
     \b
       mint infer demo/arith@prod "What is 4 + 5? Answer with just the number." --chat
     """
-    tenant, policy = _split(reference)
+    tenant, policy = tenant_policy(reference)
     target = reference.partition("@")[2] or "prod"
     with _client(tenant, timeout) as c:
         kw = {"revision": int(target)} if target.isdigit() else {"alias": target}

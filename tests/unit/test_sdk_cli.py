@@ -7,7 +7,8 @@ import pytest
 from click.testing import CliRunner
 
 from mint.cli import main
-from mint.commands.lifecycle import _split, parse_gate
+from mint.commands.args import tenant_policy
+from mint.commands.lifecycle import parse_gate
 
 
 def test_gate_parsing() -> None:
@@ -32,13 +33,13 @@ def test_bad_gates_say_what_is_expected(bad: str) -> None:
     ],
 )
 def test_references(ref, want) -> None:
-    assert _split(ref) == want
+    assert tenant_policy(ref) == want
 
 
-@pytest.mark.parametrize("bad", ["math", "/math", "acme/"])
+@pytest.mark.parametrize("bad", ["math", "/math", "acme/", "acme/../x", "ac me/math"])
 def test_bad_references(bad: str) -> None:
-    with pytest.raises(click.BadParameter, match="is not tenant/policy"):
-        _split(bad)
+    with pytest.raises(click.BadParameter, match="must be tenant/policy"):
+        tenant_policy(bad)
 
 
 def test_commands_are_registered_and_help_teaches() -> None:
