@@ -1,5 +1,7 @@
 """Token-id prompts on infer.requested (the Tinker API's SamplingClient.sample): bounded ids,
-raw prompts only, backward compatible on the wire and in the JSON contract."""
+raw prompts only, backward compatible on the wire and in the JSON contract; the serving side
+runs the ids as sent, counts them against the context and refuses an id outside the vocabulary
+on its own (vLLM faked here: tests/e2e/serving/test_token_prompts.py runs the real one)."""
 
 from __future__ import annotations
 
@@ -9,10 +11,23 @@ import jsonschema
 import pytest
 from pydantic import ValidationError
 
+from catalog.models import Resolved
+from catalog.store import AdapterStore
 from schemas import EventValidationError, decode_event, encode_event, make_event
 from schemas.contracts import CONTRACTS_DIR
-from schemas.events import InferRequested
+from schemas.events import InferCompleted, InferFailed, InferRequested, LoadRequested
 from schemas.events.inference import MAX_PROMPT_TOKEN_IDS
+from workers.serving.admission import admit
+from workers.serving.core import ServingCore
+from workers.serving.engine import EngineConfig, GenRequest, GenResult, GenSample, VllmEngine
+from workers.serving.exceptions import RequestRefused
+from workers.serving.resolution import ResolutionCache
+
+from .test_serving import make_ws, put
+from .test_serving_core import GenEngine
+
+pytestmark = pytest.mark.unit
+VOCAB = 100
 
 
 def _request(**fields) -> InferRequested:
@@ -102,3 +117,117 @@ def test_the_json_contract_agrees_for_foreign_producers() -> None:
         wire["payload"]["prompt_token_ids"] = bad
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(wire, schema)
+
+
+# The serving side.
+
+
+def test_admission_refuses_an_id_outside_the_vocabulary_by_position() -> None:
+    for ids, where in (([1, VOCAB], r"prompt_token_ids\[1\]=100"), ([-3], r"\[0\]=-3")):
+        with pytest.raises(
+            RequestRefused, match=where + r".* vocabulary of 100 token ids \(0 to 99\)"
+        ):
+            admit(GenRequest(ids), prompt_tokens=len(ids), max_model_len=32, vocab_size=VOCAB)
+    ok = GenRequest([0, VOCAB - 1], max_tokens=4)
+    assert admit(ok, prompt_tokens=2, max_model_len=32, vocab_size=VOCAB) is ok
+
+
+class _NoTokenizer:
+    def encode(self, text: str) -> list[int]:
+        raise AssertionError("token prompts are not tokenized again")
+
+
+def _engine() -> VllmEngine:
+    engine = VllmEngine.__new__(VllmEngine)  # no vLLM: only admission is under test
+    engine.config = EngineConfig(model="m", max_model_len=32)
+    engine.tokenizer = _NoTokenizer()
+    engine.vocab_size = VOCAB
+    return engine
+
+
+def test_the_engine_counts_the_ids_as_sent_and_clamps_max_tokens() -> None:
+    admitted = _engine().admit(GenRequest(list(range(20)), max_tokens=30, logprobs=True))
+    assert admitted.prompt == list(range(20)) and admitted.max_tokens == 12
+
+
+def test_a_token_prompt_past_the_context_is_refused_without_chat_words() -> None:
+    with pytest.raises(RequestRefused) as refused:
+        _engine().admit(GenRequest([1] * 32, max_tokens=4))
+    assert refused.value.code == "context_length_exceeded"
+    assert "prompt has 32 tokens and leaves no room" in str(refused.value)
+    assert "chat template" not in str(refused.value) and "messages" not in str(refused.value)
+
+
+def test_an_out_of_vocabulary_id_is_invalid_value() -> None:
+    with pytest.raises(RequestRefused, match=r"prompt_token_ids\[2\]=5000") as refused:
+        _engine().admit(GenRequest([1, 2, 5000]))
+    assert refused.value.code == "invalid_value"
+
+
+class TokenEngine(GenEngine):
+    """GenEngine that admits token prompts as VllmEngine does and echoes their ids."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prompts: list = []
+
+    def admit(self, r):
+        if not isinstance(r.prompt, list):
+            return super().admit(r)
+        return admit(
+            r, prompt_tokens=len(r.prompt), max_model_len=self.max_model_len, vocab_size=VOCAB
+        )
+
+    def generate(self, requests):
+        self.prompts.append([r.prompt for r in requests])
+        return [
+            GenResult(list(r.prompt), [GenSample("ab", [7, 8], [-0.5, -1.5], "length")])
+            for r in requests
+        ]
+
+
+def test_an_out_of_vocabulary_request_fails_alone_and_its_wave_is_answered(tmp_path) -> None:
+    store = AdapterStore(tmp_path / "store")
+    ref = put(store, tmp_path, 0, policy="p0")
+    engine = TokenEngine()
+    ws = make_ws(store, tmp_path, engine, max_cpu_loras=2)
+
+    def resolve(_ref) -> Resolved:
+        return Resolved("acme", "p0", ref.revision, ref.digest, ref.store_uri, "prod")
+
+    core = ServingCore(engine, ws, ResolutionCache(resolve), engine_id="e0", base_model="tiny")
+
+    def token_request(rid: str, ids: list[int]):
+        payload = InferRequested(
+            request_id=rid,
+            prompt=f"<{len(ids)} tokens>",
+            prompt_token_ids=ids,
+            max_tokens=4,
+            logprobs=True,
+        )
+        return make_event(payload, tenant="acme", policy="p0", producer="test")
+
+    out = core.on_infer(token_request("good", [3, 4, 5]))
+    out += core.on_infer(token_request("bad", [3, VOCAB + 1]))
+    out += core.on_infer(
+        make_event(
+            InferRequested(request_id="text", prompt="two words", max_tokens=4),
+            tenant="acme",
+            policy="p0",
+            producer="test",
+        )
+    )
+    results = core.on_load_requests([e for e in out if isinstance(e.payload, LoadRequested)])
+    answers = {
+        e.payload.request_id: e.payload
+        for e in results
+        if isinstance(e.payload, InferCompleted | InferFailed)
+    }
+    bad = answers["bad"]
+    assert isinstance(bad, InferFailed) and (bad.stage, bad.code) == ("validate", "invalid_value")
+    assert "prompt_token_ids[1]=101" in bad.error
+    good = answers["good"]
+    assert isinstance(good, InferCompleted) and good.prompt_tokens == 3
+    assert good.token_ids == [7, 8] and good.logprobs == [-0.5, -1.5]
+    assert isinstance(answers["text"], InferCompleted)
+    assert engine.prompts == [[[3, 4, 5], "two words"]]  # one wave; the bad one never ran

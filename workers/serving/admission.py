@@ -13,7 +13,10 @@ other request of its wave. So each request is admitted alone, with the rules of 
 - prompt + ``max_tokens`` above ``max_model_len``: ``max_tokens`` is *clamped* to what is left
   (vLLM serve's ``get_max_tokens``); the answer then ends with ``finish_reason`` ``length``;
 - temperature outside [0, 2], top_p outside (0, 1], a seed outside 64 bits, an empty prompt:
-  refused, ``invalid_value``.
+  refused, ``invalid_value``;
+- a prompt sent as token ids (``prompt_token_ids``) with an id outside the model's vocabulary:
+  refused, ``invalid_value`` (vLLM serve: "Token id ... is out of vocabulary"; offline, it would
+  fail the batch).
 
 The wire schema accepts temperatures up to 10 (released contract; a tighter bound would turn
 such a request into a dead letter that its caller never hears about): the engine refuses them.
@@ -36,9 +39,12 @@ MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses more
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
 
 
-def admit(r: GenRequest, *, prompt_tokens: int, max_model_len: int) -> GenRequest:
+def admit(
+    r: GenRequest, *, prompt_tokens: int, max_model_len: int, vocab_size: int | None = None
+) -> GenRequest:
     """``r`` as the engine runs it (``max_tokens`` clamped to the context left), or
-    :class:`RequestRefused` naming the value, the limit and what to send instead."""
+    :class:`RequestRefused` naming the value, the limit and what to send instead.
+    ``vocab_size``: check the ids of a token prompt against it (the caller's ids, not ours)."""
     if not (math.isfinite(r.temperature) and 0.0 <= r.temperature <= MAX_TEMPERATURE):
         raise RequestRefused(
             f"temperature={r.temperature} is outside what this engine runs (0 to "
@@ -68,14 +74,27 @@ def admit(r: GenRequest, *, prompt_tokens: int, max_model_len: int) -> GenReques
             "the prompt is empty after tokenization; send a prompt with some text",
             code=INVALID_VALUE,
         )
+    if vocab_size is not None and isinstance(r.prompt, list):
+        _check_vocabulary(r.prompt, vocab_size)
     if prompt_tokens >= max_model_len:
         raise RequestRefused(
             f"this model's maximum context length is {max_model_len} tokens, but the prompt has "
-            f"{prompt_tokens} tokens (after the chat template), which leaves no room for a "
-            f"completion; shorten the prompt to at most "
+            f"{prompt_tokens} tokens {'(after the chat template) ' if r.chat else ''}and leaves "
+            f"no room for a completion; shorten the prompt to at most "
             f"{max_model_len - min(r.max_tokens, max_model_len - 1)} tokens for "
-            f"max_tokens={r.max_tokens}, or send fewer messages",
+            f"max_tokens={r.max_tokens}{', or send fewer messages' if r.messages else ''}",
             code=CONTEXT_LENGTH_EXCEEDED,
         )
     room = max_model_len - prompt_tokens
     return replace(r, max_tokens=room) if r.max_tokens > room else r
+
+
+def _check_vocabulary(ids: list[int], vocab_size: int) -> None:
+    bad = next((k for k, t in enumerate(ids) if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise RequestRefused(
+            f"prompt_token_ids[{bad}]={ids[bad]} is outside this model's vocabulary of "
+            f"{vocab_size} token ids (0 to {vocab_size - 1}); send ids from this base model's "
+            "tokenizer",
+            code=INVALID_VALUE,
+        )

@@ -331,8 +331,10 @@ class ServingCore:
 def _gen_request(it: Pending, handle: LoraHandle) -> GenRequest:
     p = it.env.payload
     turns = tuple(m.model_dump() for m in p.messages) if p.messages else None
+    # Token ids (the Tinker API's sample) run as they are; ``prompt`` is then only their label.
+    prompt = list(p.prompt_token_ids) if p.prompt_token_ids is not None else p.prompt
     return GenRequest(
-        p.prompt,
+        prompt,
         p.max_tokens,
         p.temperature,
         p.seed,

@@ -138,6 +138,9 @@ class VllmEngine:
             ) from e
         self.start_s = time.perf_counter() - t0
         self.tokenizer = self.llm.get_tokenizer()
+        # Rows of the embedding: a prompt id at or past it is refused at admission (vLLM would
+        # fail the whole batch, or index past the embedding).
+        self.vocab_size = self.llm.model_config.get_vocab_size()
         self._lock = threading.Lock()  # LLM.generate is not re-entrant
         log.info(
             "engine started",
@@ -179,14 +182,18 @@ class VllmEngine:
         (workers.serving.admission): the prompt rendered and tokenized once, as vLLM would (the
         ids are what runs, so what was counted is what runs), ``max_tokens`` clamped to the
         context left. Raises RequestRefused (stage validate) for what vLLM cannot run."""
-        if isinstance(r.prompt, list):
-            ids = r.prompt
-        else:
-            try:
-                text = self.render(r)
-            except EngineError as e:
-                raise RequestRefused(str(e), code=INVALID_VALUE) from e
-            ids = list(self.tokenizer.encode(text))  # vLLM's default: special tokens added
+        if isinstance(r.prompt, list):  # token ids as sent (prompt_token_ids): checked as they run
+            return admit(
+                r,
+                prompt_tokens=len(r.prompt),
+                max_model_len=self.config.max_model_len,
+                vocab_size=self.vocab_size,
+            )
+        try:
+            text = self.render(r)
+        except EngineError as e:
+            raise RequestRefused(str(e), code=INVALID_VALUE) from e
+        ids = list(self.tokenizer.encode(text))  # vLLM's default: special tokens added
         return admit(
             replace(r, prompt=ids), prompt_tokens=len(ids), max_model_len=self.config.max_model_len
         )
@@ -196,7 +203,7 @@ class VllmEngine:
         failure, of the batch or of one request in it, is an EngineError (callers that must
         not let one request fail the others admit each request first, then retry a failed
         batch one by one: ServingCore)."""
-        from vllm import SamplingParams
+        from vllm import SamplingParams, TokensPrompt
 
         if not requests:
             return []
@@ -214,7 +221,9 @@ class VllmEngine:
                 for r in requests
             ]
             prompts = [
-                {"prompt_token_ids": r.prompt} if isinstance(r.prompt, list) else self.render(r)
+                TokensPrompt(prompt_token_ids=r.prompt)
+                if isinstance(r.prompt, list)
+                else self.render(r)
                 for r in requests
             ]
             loras = [self._request(r.lora) if r.lora else None for r in requests]
