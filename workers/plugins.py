@@ -16,10 +16,17 @@ A name is looked up in this order:
    the event would otherwise choose what code the worker runs.
 
 What was found is checked (``check``: a reward is a callable taking ``(prompt, completion,
-token_ids)``, a suite is a ``Suite``) and cached for the life of the process. Anything that goes
-wrong on the way (not found, import error, wrong type, module not allowed) raises the registry's
-``error`` (UnknownReward, UnknownSuite) naming the plugin and what was expected, so a broken
-plugin fails its request the way an unknown name does and never the worker.
+token_ids)``, a suite is a ``Suite``) and cached for the life of the process. The group's entry
+points are read once too, at the first name that is not a built-in: a plugin installed later is
+seen after a restart of the worker, and a request naming an unknown plugin costs a dict lookup,
+not a scan of every installed distribution.
+
+Anything that goes wrong on the way (not found, import error, wrong type, module not allowed)
+raises the registry's ``error`` (UnknownReward, UnknownSuite) naming the plugin and what was
+expected, so a broken plugin fails its request the way an unknown name does and never the
+worker. That error is also a ``streams.exceptions.Refused``: the same request would fail the
+same way until the operator installs or fixes the plugin and restarts the worker, so the
+consumer loop dead-letters it at once (reason ``refused``) instead of retrying it.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import structlog
 
 from schemas.names import PLUGIN_REF_RE
 from schemas.settings import get_settings
+from streams.exceptions import Refused
 
 log = structlog.get_logger()
 
@@ -58,8 +66,15 @@ class Registry(Generic[T]):
         error saying what was expected; ``how_to_register`` ends the message for an unknown
         name."""
         self.kind, self.group, self.builtins = kind, group, builtins
-        self.check, self.error, self.how_to_register = check, error, how_to_register
+        self.check, self.how_to_register = check, how_to_register
+        self.error = refusal_of(error)
         self._loaded: dict[str, T] = {}
+        self._entry_points: dict[str, list[EntryPoint]] | None = None  # read once (forget())
+
+    def forget(self) -> None:
+        """Drop what was loaded and the entry points read, so the next lookup reads them again
+        (tests that install a distribution; a worker restarts instead)."""
+        self._loaded, self._entry_points = {}, None
 
     def get(self, name: str, *, allowed_modules: tuple[str, ...] | None = None) -> T:
         """The plugin called ``name``. ``allowed_modules``: the module prefixes a ``module:attr``
@@ -78,11 +93,13 @@ class Registry(Generic[T]):
             where = f"{self.kind} {name!r}"
             obj = self._guarded(where, lambda: getattr(import_module(module), attr))
             return self._checked(where, obj)
-        found = [ep for ep in entry_points(group=self.group) if ep.name == name]
+        found = self._declared().get(name, [])
         if not found:
             raise self.error(
                 f"{self.kind} {name!r} is not registered; known: {sorted(self.builtins)}; "
-                f"entry points ({self.group}): {self._entry_point_names()}; {self.how_to_register}"
+                f"entry points ({self.group}): {sorted(self._declared())}; "
+                f"{self.how_to_register} (entry points are read once per worker process: "
+                "restart the worker after installing a plugin)"
             )
         if len({ep.value for ep in found}) > 1:
             raise self.error(
@@ -125,8 +142,31 @@ class Registry(Generic[T]):
             f"{self.group!r} entry point and use its name"
         )
 
-    def _entry_point_names(self) -> list[str]:
-        return sorted({ep.name for ep in entry_points(group=self.group)})
+    def _declared(self) -> dict[str, list[EntryPoint]]:
+        """The group's entry points by name, read on first use and kept."""
+        if self._entry_points is None:
+            declared: dict[str, list[EntryPoint]] = {}
+            for ep in entry_points(group=self.group):
+                declared.setdefault(ep.name, []).append(ep)
+            self._entry_points = declared
+        return self._entry_points
+
+
+def refusal_of(error: type[Exception]) -> type[Exception]:
+    """``error`` that is also a ``Refused`` (so ``except UnknownReward`` still catches it, and
+    the consumer loop dead-letters its request at once, without retries). Its message is shown
+    as given: ``UnknownReward`` is a ``KeyError``, whose own ``str`` would quote it."""
+    if issubclass(error, Refused):
+        return error
+    return type(
+        error.__name__,
+        (error, Refused),
+        {
+            "__str__": BaseException.__str__,
+            "__module__": error.__module__,
+            "__doc__": error.__doc__,
+        },
+    )
 
 
 def _describe(ep: EntryPoint) -> str:

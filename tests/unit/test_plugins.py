@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
+from kafka.consumer.fetcher import ConsumerRecord
 from pydantic import ValidationError
 
 from catalog.models import Resolved
-from schemas import make_event
-from schemas.events import EvalRequested, RolloutRequested
+from schemas import encode_event, make_event
+from schemas.events import DeadLetter, EvalRequested, RolloutRequested
 from schemas.settings import MintSettings
-from streams.exceptions import is_refusal
-from streams.records import is_transient
+from streams import RetryPolicy
+from streams.exceptions import Refused, is_refusal
+from streams.records import RecordLoop, is_transient
 from workers import plugins
 from workers.evaluator import EvaluatorCore, UnknownSuite, suites
 from workers.evaluator.suites import get_suite
@@ -84,10 +87,12 @@ def acme_tasks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(textwrap.dedent(text).lstrip())
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(rewards._REGISTRY, "_loaded", {})
-    monkeypatch.setattr(suites._REGISTRY, "_loaded", {})
+    for registry in (rewards._REGISTRY, suites._REGISTRY):
+        registry.forget()  # entry points are read once per process: read this test's
     monkeypatch.setattr(plugins, "get_settings", lambda: MintSettings(plugin_modules=()))
     yield
+    for registry in (rewards._REGISTRY, suites._REGISTRY):
+        registry.forget()  # nothing of acme-tasks outlives its tmp_path
     for name in [m for m in sys.modules if m == "acme_tasks" or m.startswith("acme_tasks.")]:
         del sys.modules[name]
 
@@ -200,10 +205,86 @@ def test_a_broken_plugin_fails_the_request_the_way_an_unknown_name_does() -> Non
             # The reward is looked up before anything else: no engine, resolver or store used.
             RolloutCore(None, None, None, None, engine_id="e0").run(rollout(name))
         errors.append(e.value)
-    # Same class, so the consumer loop treats them alike: retried, then dead-lettered
-    # (handler_failed), never waited on as transient.
-    assert {type(e) for e in errors} == {UnknownReward}
-    assert not any(is_refusal(e) or is_transient(e) for e in errors)
+    # Same kind, and a refusal: the same request fails the same way until the operator installs
+    # or fixes the plugin (and restarts the worker), so no retry can help.
+    assert all(isinstance(e, UnknownReward) and isinstance(e, Refused) for e in errors)
+    assert all(is_refusal(e) and not is_transient(e) for e in errors)
+    with pytest.raises(UnknownSuite) as suite_error:
+        get_suite("nope")
+    assert is_refusal(suite_error.value) and not is_transient(suite_error.value)
+
+
+def test_the_message_is_shown_as_written_not_quoted_like_a_key_error() -> None:
+    with pytest.raises(UnknownReward) as e:
+        get_reward("nope")
+    assert str(e.value).startswith("reward 'nope' is not registered")  # no KeyError quotes
+    assert str(e.value).endswith("restart the worker after installing a plugin)")
+
+
+class _RecordingProducer:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes | None, bytes | None, list]] = []
+
+    def send_raw(self, topic, value, key=None, headers=None, timeout_s=30.0):
+        self.sent.append((topic, value, key, headers))
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_rollout_naming_an_unknown_reward_is_dead_lettered_at_once_as_refused() -> None:
+    settings = MintSettings(topic_prefix="unit")
+    producer, calls = _RecordingProducer(), []
+    core = RolloutCore(None, None, None, None, engine_id="e0")
+
+    def handler(env, record):
+        calls.append(env.event_id)
+        core.run(env)
+
+    loop = RecordLoop(
+        settings, "g", handler, RetryPolicy(5, 0.001, 0.001), producer, threading.Event()
+    )  # type: ignore[arg-type]
+    value = encode_event(rollout("no_such_reward"))
+    loop.process(
+        ConsumerRecord(
+            "unit.rollout.requests", 0, -1, 3, 0, 0, b"acme/math", value, [], None, 6, len(value), 0
+        )
+    )
+    assert len(calls) == 1  # not retried
+    ((topic, sent, _, headers),) = producer.sent
+    letter = DeadLetter.from_headers(headers)
+    assert (topic, sent, letter.reason, letter.attempts) == ("unit.dlq", value, "refused", 1)
+    assert letter.error.startswith("UnknownReward: reward 'no_such_reward' is not registered")
+    assert "entry points (mint.rewards): [" in letter.error
+
+
+def test_entry_points_are_read_once_for_known_and_unknown_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scans = []
+
+    def counting(**kwargs):
+        scans.append(kwargs)
+        return plugins_entry_points(**kwargs)
+
+    plugins_entry_points = plugins.entry_points
+    monkeypatch.setattr(plugins, "entry_points", counting)
+    for _ in range(3):
+        for name in ("nope", "also_nope"):
+            with pytest.raises(
+                UnknownReward, match=r"entry points \(mint.rewards\): .*'exact_answer'"
+            ):
+                get_reward(name)
+        assert get_reward("exact_answer")("q", "4", [1]) == 1.0
+    with pytest.raises(UnknownSuite):
+        get_suite("nope")
+    assert get_suite("acme-heldout").name == "acme-heldout"
+    assert scans == [{"group": "mint.rewards"}, {"group": "mint.suites"}]
+    # forget() reads them again (what a worker restart does): a plugin installed since is seen.
+    rewards._REGISTRY.forget()
+    with pytest.raises(UnknownReward):
+        get_reward("nope")
+    assert scans[-1] == {"group": "mint.rewards"} and len(scans) == 3
 
 
 def test_the_gate_scores_a_plugin_suite_and_reports_its_reward_metric(
