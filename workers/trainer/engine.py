@@ -39,11 +39,17 @@ from workers.trainer.losses import (
 )
 from workers.trainer.policies import HeldPolicies
 from workers.trainer.prefix import shared_prefix_logprobs
+from workers.trainer.step_compute import StepCompute
 
 if TYPE_CHECKING:
     from workers.trainer.ranks import RankGroup
 
 log = structlog.get_logger()
+
+
+def _zero_grads(params: list[torch.nn.Parameter]) -> None:
+    for p in params:
+        p.grad = None
 
 
 @dataclass(frozen=True)
@@ -55,9 +61,10 @@ class StepResult:
     seconds: float
 
 
-class MultiPolicyTrainer(HeldPolicies):
+class MultiPolicyTrainer(HeldPolicies, StepCompute):
     """Train many policies' LoRA adapters over one resident base model (the policies it holds:
-    :class:`~workers.trainer.policies.HeldPolicies`)."""
+    :class:`~workers.trainer.policies.HeldPolicies`; step-level calls of the Tinker API:
+    :class:`~workers.trainer.step_compute.StepCompute`)."""
 
     def __init__(self, config: TrainerConfig, store: AdapterStore | None = None) -> None:
         self.config = config
@@ -137,7 +144,7 @@ class MultiPolicyTrainer(HeldPolicies):
         # data-parallel ranks evict alike; logits and sampling are reads for tests.)
         self.policies.move_to_end(policy_id)
         self.model.train()
-        self.model.zero_grad(set_to_none=True)
+        _zero_grads(state.params)  # this policy's only: others may hold accumulated gradients
         rows = self.config.micro_batch_rows if state.backend.accumulates else None
         total, tokens = batch.loss_mask.sum().clamp(min=1), batch.tokens
         adv = None
@@ -162,7 +169,7 @@ class MultiPolicyTrainer(HeldPolicies):
                     logprobs, old, adv[idx], sub.loss_mask, cfg.rl_loss, cfg.clip_eps
                 )
             if not (torch.isfinite(loss) if self.ranks is None else self.ranks.all_finite(loss)):
-                self.model.zero_grad(set_to_none=True)
+                _zero_grads(state.params)
                 raise BadBatch(
                     f"{objective} loss is {float(loss)} for policy {policy_id!r}; "
                     "check rewards and logprobs for NaN/Inf"

@@ -74,3 +74,55 @@ def policy_gradient_loss(
             "kl_rollout": float(masked_mean(old_logprobs - logprobs, mask)),
         }
     return masked_mean(per_token, mask), metrics
+
+
+# Step-level losses (the Tinker API's built-ins, workers/trainer/steps.py): one datum's
+# per-position log-probs of its target tokens against per-position inputs; SUMS over positions,
+# as Tinker's are (the caller weights positions, e.g. 1/N in ``weights``, for a mean).
+
+PPO_CLIP_DEFAULTS = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
+STEP_LOSS_CONFIG: dict[str, dict[str, float]] = {
+    "cross_entropy": {},
+    "importance_sampling": {},
+    "ppo": PPO_CLIP_DEFAULTS,
+}
+
+
+def step_loss_config(loss_fn: str, given: dict[str, float]) -> dict[str, float]:
+    """``loss_fn``'s config: its defaults overridden by ``given``; ValueError naming the key and
+    the keys the loss takes for anything else (and for a loss that is not one of these)."""
+    if loss_fn not in STEP_LOSS_CONFIG:
+        raise ValueError(
+            f"loss_fn={loss_fn!r} is not a built-in loss; use one of {sorted(STEP_LOSS_CONFIG)}"
+        )
+    defaults = STEP_LOSS_CONFIG[loss_fn]
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise ValueError(
+            f"loss_fn_config has {unknown}, which loss_fn {loss_fn!r} does not take; it takes "
+            f"{sorted(defaults) or 'nothing'}"
+        )
+    config = {**defaults, **given}
+    if loss_fn == "ppo" and not config["clip_low_threshold"] <= 1 <= config["clip_high_threshold"]:
+        raise ValueError(
+            "loss_fn_config needs clip_low_threshold <= 1 <= clip_high_threshold, got "
+            f"{config['clip_low_threshold']} and {config['clip_high_threshold']}"
+        )
+    return config
+
+
+def step_loss(
+    loss_fn: str, logprobs: torch.Tensor, inputs: dict[str, torch.Tensor], config: dict[str, float]
+) -> torch.Tensor:
+    """One datum's loss. ``inputs``: ``weights`` (cross_entropy), or ``logprobs`` (the
+    sampler's) and ``advantages`` (importance_sampling, ppo); all shaped like ``logprobs``."""
+    if loss_fn == "cross_entropy":
+        return -(logprobs * inputs["weights"]).sum()
+    if loss_fn not in ("importance_sampling", "ppo"):
+        raise ValueError(f"loss_fn={loss_fn!r} is not a built-in loss")
+    ratio = torch.exp(logprobs - inputs["logprobs"])
+    adv = inputs["advantages"]
+    if loss_fn == "importance_sampling":
+        return -(ratio * adv).sum()
+    clipped = torch.clamp(ratio, config["clip_low_threshold"], config["clip_high_threshold"])
+    return -torch.minimum(ratio * adv, clipped * adv).sum()

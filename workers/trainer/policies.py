@@ -87,6 +87,8 @@ class PolicyState:
     parent: StoredAdapter | None = None
     parent_revision: int | None = None
     losses: list[float] = field(default_factory=list)
+    # forward_backward calls whose gradients wait for an optim_step (steps.py; in memory only).
+    accumulated: int = 0
 
 
 @dataclass(frozen=True)
@@ -129,15 +131,23 @@ class HeldPolicies:
         """Pin ``policy_id`` for an update: another thread's ``add_policy`` never evicts it
         (which would save half-updated weights that the retry resumes from and trains again)
         until the update finished or was rolled back to its start. Pin before it is added."""
-        with self._pins_guard:
-            self._pinned[policy_id] = self._pinned.get(policy_id, 0) + 1
+        self.pin(policy_id)
         try:
             yield
         finally:
-            with self._pins_guard:
-                left = self._pinned.pop(policy_id) - 1
-                if left:
-                    self._pinned[policy_id] = left
+            self.unpin(policy_id)
+
+    def pin(self, policy_id: str) -> None:
+        """Never evict ``policy_id`` until as many ``unpin`` calls (pins count): an update in
+        flight, or gradients accumulated by step-level calls, which eviction does not save."""
+        with self._pins_guard:
+            self._pinned[policy_id] = self._pinned.get(policy_id, 0) + 1
+
+    def unpin(self, policy_id: str) -> None:
+        with self._pins_guard:
+            left = self._pinned.pop(policy_id, 0) - 1
+            if left > 0:
+                self._pinned[policy_id] = left
 
     def add_policy(
         self,

@@ -1,4 +1,5 @@
-"""The trainer worker: consume ``update.requested``, train, export, register, announce.
+"""The trainer worker: consume ``update.requested``, train, export, register, announce; and
+``train.step.requested``, the Tinker API's step-level calls (workers/trainer/steps.py).
 
 For each request (one policy, keyed by policy so one policy's updates arrive in order):
 
@@ -33,6 +34,7 @@ from catalog.store import AdapterStore, StoredAdapter
 from schemas import Envelope
 from schemas.envelope import make_reply
 from schemas.events import ExportCompleted, UpdateCompleted, UpdateRequested
+from schemas.events.steps import TrainStepRequested
 from schemas.settings import MintSettings
 from streams import health
 from streams.group import run_consumer
@@ -44,11 +46,12 @@ from workers.trainer.data import parse_examples
 from workers.trainer.engine import MultiPolicyTrainer
 from workers.trainer.exceptions import BadBatch
 from workers.trainer.policies import LoraShape
+from workers.trainer.steps import StepService
 
 log = structlog.get_logger()
 
 TRAINER_GROUP = "trainer"
-TRAINER_TOPICS = ("update.requests",)
+TRAINER_TOPICS = ("update.requests", "train.steps")
 _EVENT_NS = uuid.UUID("0d7f3a52-8b1e-4c55-a0d6-2f9e61b4c7a3")
 
 
@@ -73,6 +76,7 @@ class TrainerService:
         # One policy's requests are handled one at a time even across consumer threads.
         self._policy_locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        self.steps = StepService(self)  # step-level calls (train.steps, the Tinker API)
 
     def _policy_lock(self, policy_id: str) -> threading.Lock:
         with self._locks_guard:
@@ -80,6 +84,9 @@ class TrainerService:
 
     def handle(self, env: Envelope[Any], record: Any = None) -> dict[str, Any] | None:
         """Consumer-loop handler; returns the request's result record (None: not an update)."""
+        if isinstance(env.payload, TrainStepRequested):
+            self.steps.handle(env, record)
+            return None
         if not isinstance(env.payload, UpdateRequested):
             return None
         with self._policy_lock(env.policy_id):
@@ -189,33 +196,38 @@ class TrainerService:
         return out
 
     def _export(self, env: Envelope[Any], p: UpdateRequested, losses: list[float]) -> dict:
+        training = {
+            "objective": p.objective,
+            "steps": p.steps,
+            "loss": losses[-1],
+            "learning_rate": p.learning_rate,
+            "request_id": str(env.event_id),
+        }
+        return self.export_revision(env, training)
+
+    def export_revision(self, env: Envelope[Any], training: dict[str, Any]) -> dict[str, Any]:
+        """Store the policy's adapter as its next revision and register it in the catalog; the
+        figures ``export_event`` announces. Idempotent per ``env`` (the catalog dedupes by
+        digest and by the event id derived from it). Update requests and step-level
+        ``save_for_sampler`` calls (steps.py) both export here."""
         pid = env.policy_id
-        stored = self.trainer.export(
-            pid,
-            env.tenant,
-            env.policy,
-            training={
-                "objective": p.objective,
-                "steps": p.steps,
-                "loss": losses[-1],
-                "learning_rate": p.learning_rate,
-                "request_id": str(env.event_id),
-            },
-        )
+        parent_revision = self.trainer.policy(pid).parent_revision
+        base_model = self.trainer.config.base_model
+        stored = self.trainer.export(pid, env.tenant, env.policy, training=training)
         # Registered exactly as the projection of the export.completed event registers it (same
         # event id, time, author and metadata), so a catalog rebuilt from the log equals this one.
         export_id, at = derived_id(env.event_id, "export"), datetime.now(UTC)
         try:
             self.repo.get_policy(env.tenant, env.policy)
         except PolicyNotFound:
-            self.repo.create_policy(env.tenant, env.policy, p.base_model, by=self.name, at=at)
+            self.repo.create_policy(env.tenant, env.policy, base_model, by=self.name, at=at)
         rev = self.repo.register_revision(
             env.tenant,
             env.policy,
             digest=stored.digest,
             store_uri=stored.uri,
-            base_model=p.base_model,
-            parent_revision=p.parent_revision,
+            base_model=base_model,
+            parent_revision=parent_revision,
             metadata=_revision_metadata(stored),
             source_event_id=export_id,
             by=self.name,
@@ -239,38 +251,41 @@ class TrainerService:
         return {
             "exported_at": rev.created_at.replace(tzinfo=UTC).isoformat(),
             "revision": rev.revision,
+            "parent_revision": parent_revision,
             "digest": stored.digest,
             "store_uri": stored.uri,
-            "base_model": p.base_model,
+            "base_model": base_model,
             **_revision_metadata(stored),
         }
+
+    def export_event(self, env: Envelope[Any], r: dict[str, Any]) -> Envelope[ExportCompleted]:
+        """The ``export.completed`` of ``export_revision``'s result ``r`` (same id every time)."""
+        export = ExportCompleted(
+            revision=r["revision"],
+            adapter_digest=r["digest"],
+            store_uri=r["store_uri"],
+            size_bytes=r["size_bytes"],
+            rank=r["rank"],
+            lora_alpha=r["lora_alpha"],
+            target_modules=r["target_modules"],
+            target_parameters=r["target_parameters"],
+            base_model=r["base_model"],
+            base_model_fingerprint=r["base_model_fingerprint"],
+            parent_revision=r["parent_revision"],
+        )
+        at = r.get("exported_at")
+        return make_reply(
+            export,
+            env,
+            producer=self.name,
+            event_id=derived_id(env.event_id, "export"),
+            occurred_at=datetime.fromisoformat(at) if at else None,
+        )
 
     def _publish(self, env: Envelope[Any], r: dict[str, Any]) -> None:
         events = []
         if r.get("exported") and r.get("revision") is not None:
-            export = ExportCompleted(
-                revision=r["revision"],
-                adapter_digest=r["digest"],
-                store_uri=r["store_uri"],
-                size_bytes=r["size_bytes"],
-                rank=r["rank"],
-                lora_alpha=r["lora_alpha"],
-                target_modules=r["target_modules"],
-                target_parameters=r["target_parameters"],
-                base_model=r["base_model"],
-                base_model_fingerprint=r["base_model_fingerprint"],
-                parent_revision=r["parent_revision"],
-            )
-            at = r.get("exported_at")
-            events.append(
-                make_reply(
-                    export,
-                    env,
-                    producer=self.name,
-                    event_id=derived_id(env.event_id, "export"),
-                    occurred_at=datetime.fromisoformat(at) if at else None,
-                )
-            )
+            events.append(self.export_event(env, r))
         done = UpdateCompleted(
             parent_revision=r["parent_revision"],
             steps=r["steps"],

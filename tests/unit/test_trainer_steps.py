@@ -1,0 +1,339 @@
+"""Step-level training calls (workers/trainer/steps.py) on the tiny Llama in-process: the
+Tinker losses against hand-computed values, forward logprobs against the model's own, gradient
+accumulation across calls, AdamW as torch computes it, failures answered, export reused. Kafka
+and Cassandra are faked (a list of published events, a dict catalog); the model is real."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import torch
+
+from catalog.exceptions import PolicyNotFound
+from catalog.models import Revision
+from catalog.store import AdapterStore
+from schemas import make_event
+from schemas.events import LoraSpec
+from schemas.events.steps import AdamSpec, StepDatum, TrainStepRequested
+from workers.models import TinySpec, build_tiny
+from workers.trainer import MultiPolicyTrainer, TrainerConfig
+from workers.trainer.losses import step_loss, step_loss_config
+from workers.trainer.step_compute import _token_batches
+from workers.trainer.worker import TrainerService, derived_id
+
+torch.set_num_threads(1)
+TENANT = "acme"
+
+
+# Losses: sums over positions, as Tinker's built-ins.
+
+
+def _t(*values: float) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float32)
+
+
+def test_cross_entropy_is_the_weighted_sum_of_negative_logprobs():
+    loss = step_loss("cross_entropy", _t(-1, -2, -3), {"weights": _t(0, 1, 0.5)}, {})
+    assert float(loss) == pytest.approx(3.5)  # -(0·-1 + 1·-2 + 0.5·-3)
+
+
+def test_importance_sampling_weighs_advantages_by_the_ratio():
+    inputs = {"logprobs": _t(-1.5, -2), "advantages": _t(2, -1)}
+    logp = _t(-1, -2).requires_grad_(True)
+    loss = step_loss("importance_sampling", logp, inputs, {})
+    assert float(loss.detach()) == pytest.approx(-(math.exp(0.5) * 2 - 1), rel=1e-6)
+    loss.backward()  # d/dlogp = -ratio·A
+    assert logp.grad.tolist() == pytest.approx([-math.exp(0.5) * 2, 1.0], rel=1e-6)
+
+
+def test_ppo_clips_the_ratio_where_it_would_gain_by_leaving_the_range():
+    inputs = {"logprobs": _t(0, 0, 0), "advantages": _t(1, -1, 2)}
+    logp = torch.log(_t(1.5, 0.5, 1.1))
+    cfg = step_loss_config("ppo", {})
+    assert cfg == {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
+    # min(1.5, 1.2) + min(-0.5, -0.8) + min(2.2, 2.2) = 1.2 - 0.8 + 2.2
+    assert float(step_loss("ppo", logp, inputs, cfg)) == pytest.approx(-2.6, rel=1e-6)
+    wide = step_loss_config("ppo", {"clip_low_threshold": 0.5, "clip_high_threshold": 2.0})
+    assert float(step_loss("ppo", logp, inputs, wide)) == pytest.approx(-3.2, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("loss_fn", "config", "says"),
+    [
+        ("ppo", {"clip_eps": 0.2}, "takes ['clip_high_threshold', 'clip_low_threshold']"),
+        ("cross_entropy", {"clip_low_threshold": 0.5}, "takes nothing"),
+        ("ppo", {"clip_low_threshold": 1.1}, "clip_low_threshold <= 1 <= clip_high_threshold"),
+        ("dpo", {}, "use one of ['cross_entropy', 'importance_sampling', 'ppo']"),
+    ],
+)
+def test_a_loss_config_it_cannot_use_is_refused_naming_what_it_takes(loss_fn, config, says):
+    with pytest.raises(ValueError, match=r".*") as e:
+        step_loss_config(loss_fn, config)
+    assert says in str(e.value)
+
+
+def test_token_batches_keep_order_and_bound_padded_tokens():
+    assert _token_batches([4, 4, 4, 10, 2], 12) == [[0, 1, 2], [3], [4]]
+    assert _token_batches([30], 12) == [[0]]  # a longer row alone
+
+
+# The service, on the tiny Llama.
+
+
+class FakeProducer:
+    def __init__(self) -> None:
+        self.sent: list = []
+
+    def publish_many(self, envelopes):
+        self.sent.extend(envelopes)
+        return [None] * len(envelopes)
+
+
+class FakeCatalog:
+    """register_revision idempotent by digest and source event id, like the real one."""
+
+    def __init__(self) -> None:
+        self.policies: set = set()
+        self.revisions: list[Revision] = []
+
+    def get_policy(self, tenant, policy):
+        if (tenant, policy) not in self.policies:
+            raise PolicyNotFound(policy)
+
+    def create_policy(self, tenant, policy, base_model, by, at):
+        self.policies.add((tenant, policy))
+
+    def register_revision(self, tenant, policy, *, digest, store_uri, source_event_id, **kw):
+        mine = [r for r in self.revisions if (r.tenant, r.policy) == (tenant, policy)]
+        for r in mine:
+            if r.digest == digest or r.source_event_id == source_event_id:
+                return r
+        rev = Revision(
+            tenant,
+            policy,
+            len(mine) + 1,
+            digest,
+            store_uri,
+            kw["base_model"],
+            kw["parent_revision"],
+            datetime.now(UTC),
+            "test",
+            source_event_id,
+        )
+        self.revisions.append(rev)
+        return rev
+
+    def get_revision(self, tenant, policy, revision):
+        return next(
+            r
+            for r in self.revisions
+            if (r.tenant, r.policy, r.revision) == (tenant, policy, revision)
+        )
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return build_tiny(TinySpec("llama", "test", seed=0), tmp_path_factory.mktemp("m") / "llama")
+
+
+@pytest.fixture
+def service(tiny: Path, tmp_path: Path):
+    store = AdapterStore(tmp_path / "store")
+    trainer = MultiPolicyTrainer(TrainerConfig(base_model=str(tiny), max_policies=2), store=store)
+    yield TrainerService(trainer, store, FakeCatalog(), FakeProducer(), name="trainer/test")
+    trainer.close()
+
+
+def call(service, policy: str, op: str, event_id=None, **fields):
+    fields.setdefault("base_model", service.trainer.config.base_model)
+    payload = TrainStepRequested(request_id=f"{op}-{uuid.uuid4().hex[:8]}", op=op, **fields)
+    env = make_event(payload, tenant=TENANT, policy=policy, producer="gateway/test")
+    if event_id is not None:
+        env = env.model_copy(update={"event_id": event_id})
+    return env, service.steps.handle(env)
+
+
+def answers(service, env):
+    return [e for e in service.producer.sent if e.causation_id == env.event_id]
+
+
+LORA = LoraSpec(rank=4, alpha=8, target_modules=["q_proj", "v_proj"])
+BATCH = [
+    StepDatum(
+        tokens=[5, 9, 13, 21, 34], target_tokens=[9, 13, 21, 34, 55], weights=[0, 1, 1, 1, 1]
+    ),
+    StepDatum(tokens=[7, 11, 19], target_tokens=[11, 19, 3], weights=[1, 1, 1]),
+]
+ADAM = AdamSpec(learning_rate=1e-2)
+
+
+def test_create_is_idempotent_and_refuses_another_shape(service):
+    env, first = call(service, "p", "create", lora=LORA, seed=0)
+    assert first.event_type == "train.step.completed"
+    again_env, again = call(service, "p", "create", event_id=env.event_id, lora=LORA, seed=0)
+    assert again == first  # redelivered: the remembered answer, re-sent as the same event
+    sent = answers(service, env)
+    assert len(sent) == 2 and {e.event_id for e in sent} == {derived_id(env.event_id, "step")}
+    _, asked_again = call(service, "p", "create", lora=LORA, seed=0)
+    assert asked_again.event_type == "train.step.completed"
+    _, other = call(service, "p", "create", lora=LoraSpec(rank=8), seed=0)
+    assert other.event_type == "train.step.failed" and other.stage == "validate"
+    assert "already exists here with rank=4" in other.reason
+
+
+def test_forward_scores_each_target_after_its_prefix(service):
+    call(service, "p", "create", lora=LORA, seed=0)
+    _, out = call(service, "p", "forward", datums=BATCH)
+    assert out.event_type == "train.step.completed", out
+    pid = f"{TENANT}/p"
+    expected, total = [], 0.0
+    for d in BATCH:
+        logits = service.trainer.logits(pid, torch.tensor([d.tokens]))[0]
+        logp = torch.log_softmax(logits.float(), -1).gather(
+            -1, torch.tensor(d.target_tokens)[:, None]
+        )
+        expected.append(logp.squeeze(-1).tolist())
+        total += -(logp.squeeze(-1) * torch.tensor(d.weights)).sum().item()
+    assert [len(x) for x in out.logprobs] == [5, 3]
+    for got, want in zip(out.logprobs, expected, strict=True):
+        assert got == pytest.approx(want, abs=1e-5)
+    assert out.loss == pytest.approx(total, rel=1e-5)
+    assert all(p.grad is None for p in service.trainer.policy(pid).params)  # no gradients
+
+
+def _grads(service, pid):
+    return [p.grad.clone() for p in service.trainer.policy(pid).params]
+
+
+def test_gradients_accumulate_across_calls_until_optim_step(service):
+    pid = f"{TENANT}/p"
+    call(service, "p", "create", lora=LORA, seed=0)
+    call(service, "p", "forward_backward", datums=BATCH)
+    whole = _grads(service, pid)
+    call(service, "p", "optim_step", adam=AdamSpec(learning_rate=1e-9))  # clears them
+    assert all(p.grad is None for p in service.trainer.policy(pid).params)
+    call(service, "p", "forward_backward", datums=BATCH[:1])
+    _, second = call(service, "p", "forward_backward", datums=BATCH[1:])
+    assert second.event_type == "train.step.completed"
+    for a, b in zip(_grads(service, pid), whole, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)  # two calls = one call of both
+    _, step = call(service, "p", "optim_step", adam=ADAM)
+    assert step.metrics["accumulated_calls"] == 2 and step.metrics["grad_norm"] > 0
+
+
+def test_optim_step_is_adamw_with_the_calls_hyperparameters(service):
+    pid = f"{TENANT}/p"
+    call(service, "p", "create", lora=LORA, seed=0)
+    call(service, "p", "forward_backward", datums=BATCH)
+    params = [p.detach().clone().requires_grad_(True) for p in service.trainer.policy(pid).params]
+    for p, g in zip(params, _grads(service, pid), strict=True):
+        p.grad = g
+    adam = AdamSpec(
+        learning_rate=0.05, beta1=0.8, beta2=0.9, eps=1e-6, weight_decay=0.1, grad_clip_norm=0.01
+    )
+    norm = torch.nn.utils.clip_grad_norm_(params, 0.01)
+    torch.optim.AdamW(params, lr=0.05, betas=(0.8, 0.9), eps=1e-6, weight_decay=0.1).step()
+    _, out = call(service, "p", "optim_step", adam=adam)
+    assert out.metrics["grad_norm"] == pytest.approx(float(norm), rel=1e-5)
+    for got, want in zip(service.trainer.policy(pid).params, params, strict=True):
+        torch.testing.assert_close(got.detach(), want.detach(), atol=1e-6, rtol=1e-5)
+    # The update path's own hyperparameters are back for its next step.
+    group = service.trainer.policy(pid).backend.optimizer.param_groups[0]
+    assert group["betas"] == (0.9, 0.999) and service.trainer.policy(pid).backend.clip == 1.0
+
+
+def test_cross_entropy_falls_over_ten_steps(service):
+    call(service, "p", "create", lora=LORA, seed=0)
+    losses = []
+    for _ in range(10):
+        _, out = call(service, "p", "forward_backward", datums=BATCH)
+        losses.append(out.loss)
+        call(service, "p", "optim_step", adam=ADAM)
+    assert losses[-1] < losses[0] * 0.9 and losses[-1] == min(losses), losses
+
+
+def test_failures_are_answered_with_a_stage_and_a_reason(service):
+    _, none = call(service, "ghost", "forward", datums=BATCH)
+    assert (none.stage, none.retryable) == ("policy", False)
+    assert "send op=create first" in none.reason
+    call(service, "p", "create", lora=LORA, seed=0)
+    bad = StepDatum(tokens=[1, 99999], target_tokens=[2, 3], weights=[1, 1])
+    _, tokens = call(service, "p", "forward_backward", datums=[bad])
+    assert tokens.stage == "validate" and "datums[0].tokens has token id 99999" in tokens.reason
+    _, base = call(service, "p", "forward", base_model="other/base", datums=BATCH)
+    assert base.stage == "validate" and "this trainer holds" in base.reason
+    ppo = StepDatum(tokens=[1, 2], target_tokens=[2, 3], logprobs=[0, 0], advantages=[1, 1])
+    _, cfg = call(
+        service, "p", "forward", datums=[ppo], loss_fn="ppo", loss_fn_config={"clip": 0.2}
+    )
+    assert cfg.stage == "validate" and "does not take" in cfg.reason
+    _, lora = call(service, "q", "create", lora=LoraSpec(target_modules=["no_such_proj"]))
+    assert lora.stage == "validate" and "no_such_proj" in lora.reason
+
+
+def test_a_failed_forward_backward_leaves_the_accumulated_gradients_as_they_were(service):
+    pid = f"{TENANT}/p"
+    call(service, "p", "create", lora=LORA, seed=0)
+    call(service, "p", "forward_backward", datums=BATCH)
+    before = _grads(service, pid)
+    nan = StepDatum(
+        tokens=[1, 2], target_tokens=[2, 3], logprobs=[0, 0], advantages=[1, float("nan")]
+    )
+    # A good datum first (its backward runs), then one whose loss is NaN: the call fails whole.
+    ok = StepDatum(tokens=[1, 2], target_tokens=[2, 3], logprobs=[0, 0], advantages=[1, 1])
+    import workers.trainer.step_compute as sc
+
+    old, sc.STEP_BATCH_TOKENS = sc.STEP_BATCH_TOKENS, 2  # one datum per forward
+    try:
+        _, out = call(service, "p", "forward_backward", datums=[ok, nan], loss_fn="ppo")
+    finally:
+        sc.STEP_BATCH_TOKENS = old
+    assert out.stage == "compute" and "NaN" in out.reason
+    for a, b in zip(_grads(service, pid), before, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_policies_keep_their_gradients_while_others_train(service):
+    a, b = f"{TENANT}/a", f"{TENANT}/b"
+    call(service, "a", "create", lora=LORA, seed=0)
+    call(service, "b", "create", lora=LORA, seed=1)
+    call(service, "a", "forward_backward", datums=BATCH)
+    kept = _grads(service, a)
+    call(service, "b", "forward_backward", datums=BATCH[:1])
+    call(service, "b", "optim_step", adam=ADAM)
+    # An update request's step on b (the other path) clears b's gradients only.
+    from workers.trainer.data import parse_examples
+
+    trainer = service.trainer
+
+    batch = trainer.collate(parse_examples([{"prompt": "x", "completion": " y"}], "sft"))
+    trainer.sft_step(b, batch, 1e-3)
+    for x, y in zip(_grads(service, a), kept, strict=True):
+        torch.testing.assert_close(x, y)
+    # With max_policies=2, a third policy evicts b (no gradients waiting), never a.
+    call(service, "c", "create", lora=LORA, seed=2)
+    assert a in trainer.policies and b not in trainer.policies
+    # b comes back with its weights and optimizer state when it is called again.
+    _, out = call(service, "b", "forward", datums=BATCH)
+    assert out.event_type == "train.step.completed" and b in trainer.policies
+
+
+def test_save_for_sampler_exports_registers_and_announces(service):
+    call(service, "p", "create", lora=LORA, seed=0)
+    call(service, "p", "forward_backward", datums=BATCH)
+    call(service, "p", "optim_step", adam=ADAM)
+    env, out = call(service, "p", "save_for_sampler", name="first")
+    assert out.event_type == "train.step.completed" and out.revision == 1
+    sent = answers(service, env)
+    assert [e.type for e in sent] == ["export.completed", "train.step.completed"]
+    export = sent[0].payload
+    assert export.revision == 1 and export.parent_revision is None and export.rank == 4
+    assert service.store.open(export.store_uri).digest == export.adapter_digest
+    call(service, "p", "forward_backward", datums=BATCH)
+    call(service, "p", "optim_step", adam=ADAM)
+    env2, out2 = call(service, "p", "save_for_sampler", name="second")
+    assert out2.revision == 2 and answers(service, env2)[0].payload.parent_revision == 1
