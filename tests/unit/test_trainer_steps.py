@@ -182,7 +182,7 @@ def test_create_is_idempotent_and_refuses_another_shape(service):
     assert asked_again.event_type == "train.step.completed"
     _, other = call(service, "p", "create", lora=LoraSpec(rank=8), seed=0)
     assert other.event_type == "train.step.failed" and other.stage == "validate"
-    assert "already exists here with rank=4" in other.reason
+    assert "already exists with rank=4" in other.reason
 
 
 def test_forward_scores_each_target_after_its_prefix(service):
@@ -337,3 +337,145 @@ def test_save_for_sampler_exports_registers_and_announces(service):
     call(service, "p", "optim_step", adam=ADAM)
     env2, out2 = call(service, "p", "save_for_sampler", name="second")
     assert out2.revision == 2 and answers(service, env2)[0].payload.parent_revision == 1
+
+
+# Restarts and rebalances: checkpoints, held offsets, replay.
+
+
+class Rec:
+    def __init__(self, offset: int, partition: int = 0) -> None:
+        self.topic, self.partition, self.offset = "t.train.steps", partition, offset
+
+
+class FakeDeferred:
+    def __init__(self) -> None:
+        self.held: list[tuple[int, object]] = []
+
+    def hold(self, record, key) -> None:
+        self.held.append((record.offset, key))
+
+    def release(self, key) -> bool:
+        found = any(k == key for _, k in self.held)
+        self.held = [(o, k) for o, k in self.held if k != key]
+        return found
+
+
+def command(service, policy: str, op: str, **fields):
+    fields.setdefault("base_model", service.trainer.config.base_model)
+    payload = TrainStepRequested(request_id=f"{op}-{uuid.uuid4().hex[:8]}", op=op, **fields)
+    return make_event(payload, tenant=TENANT, policy=policy, producer="gateway/test")
+
+
+def restarted(service):
+    """A new trainer process over the same store (nothing of the old one's memory)."""
+    store = service.store
+    trainer = MultiPolicyTrainer(service.trainer.config, store=store)
+    return TrainerService(trainer, store, service.repo, FakeProducer(), name="trainer/test")
+
+
+def _params(service, pid):
+    return [p.detach().clone() for p in service.trainer.policy(pid).params]
+
+
+def test_a_restart_between_forward_backward_and_optim_step_replays_the_held_records(service):
+    pid = f"{TENANT}/p"
+    log = [
+        command(service, "p", "create", lora=LORA, seed=0),
+        command(service, "p", "forward_backward", datums=BATCH[:1]),
+        command(service, "p", "forward_backward", datums=BATCH[1:]),
+        command(service, "p", "optim_step", adam=ADAM),
+    ]
+    held = FakeDeferred()
+    for offset, env in enumerate(log[:3]):
+        service.steps.handle(env, Rec(offset), held)
+    assert held.held == [(1, ("grads", pid)), (2, ("grads", pid))]  # uncommitted: replayed
+    grads = _grads(service, pid)
+    # The trainer dies here; the consumer group redelivers from offset 1 (the oldest held).
+    again, held2 = restarted(service), FakeDeferred()
+    try:
+        assert again.steps.handle(log[0], Rec(0), held2).event_type == "train.step.completed"
+        first = again.steps.handle(log[1], Rec(1), held2)
+        assert first.logprobs == service.steps._answers[pid][str(log[1].event_id)].logprobs
+        again.steps.handle(log[2], Rec(2), held2)
+        for a, b in zip(_grads(again, pid), grads, strict=True):
+            torch.testing.assert_close(a, b)  # accumulated once, as before the restart
+        step = again.steps.handle(log[3], Rec(3), held2)
+        assert step.metrics["accumulated_calls"] == 2 and held2.held == []  # released
+        service.steps.handle(log[3], Rec(3), held)  # the run that never died, for reference
+        for a, b in zip(_params(again, pid), _params(service, pid), strict=True):
+            torch.testing.assert_close(a, b)
+    finally:
+        again.trainer.close()
+
+
+def test_a_restart_after_optim_step_resends_its_answer_and_steps_nothing_twice(service):
+    pid = f"{TENANT}/p"
+    log = [
+        command(service, "p", "create", lora=LORA, seed=0),
+        command(service, "p", "forward_backward", datums=BATCH),
+        command(service, "p", "optim_step", adam=ADAM),
+    ]
+    answers_before = [
+        service.steps.handle(env, Rec(i), FakeDeferred()) for i, env in enumerate(log)
+    ]
+    weights = _params(service, pid)
+    # Died after the checkpoint, before the commit: all three are delivered again.
+    again = restarted(service)
+    try:
+        replies = [again.steps.handle(env, Rec(i), FakeDeferred()) for i, env in enumerate(log)]
+        assert replies[:2] == [None, None]  # done and answered before the checkpoint
+        assert replies[2].metrics == answers_before[2].metrics  # the checkpoint's own answer
+        assert again.trainer.policy(pid).steps == 1
+        for a, b in zip(_params(again, pid), weights, strict=True):
+            torch.testing.assert_close(a, b)
+    finally:
+        again.trainer.close()
+
+
+def test_save_state_and_load_state_bring_back_weights_and_optimizer(service):
+    pid = f"{TENANT}/p"
+    call(service, "p", "create", lora=LORA, seed=0)
+    call(service, "p", "forward_backward", datums=BATCH)
+    call(service, "p", "optim_step", adam=ADAM)
+    _, saved = call(service, "p", "save_state", name="after-1")
+    assert saved.event_type == "train.step.completed" and saved.state_uri.endswith("after-1")
+    weights = _params(service, pid)
+    call(service, "p", "forward_backward", datums=BATCH)
+    _, next_step = call(service, "p", "optim_step", adam=ADAM)
+    _, loaded = call(service, "p", "load_state", source_uri=saved.state_uri)
+    assert loaded.event_type == "train.step.completed", loaded
+    for a, b in zip(_params(service, pid), weights, strict=True):
+        torch.testing.assert_close(a, b)
+    # The optimizer came back too: the same step again gives the same update.
+    call(service, "p", "forward_backward", datums=BATCH)
+    _, again = call(service, "p", "optim_step", adam=ADAM)
+    assert again.metrics["grad_norm"] == pytest.approx(next_step.metrics["grad_norm"], rel=1e-5)
+
+
+def test_load_state_refuses_what_is_not_a_saved_state_of_the_policy(service, tmp_path):
+    call(service, "p", "create", lora=LORA, seed=0)
+    # (Another policy's folder the envelope refuses already: payload URIs name their policy.)
+    outside = (tmp_path / "elsewhere" / TENANT / "p" / "s").as_uri()
+    _, other = call(service, "p", "load_state", source_uri=outside)
+    assert other.stage == "validate" and "outside this store's root" in other.reason
+    empty = (service.store.root / TENANT / "p" / "nothing").as_uri()
+    _, none = call(service, "p", "load_state", source_uri=empty)
+    assert none.stage == "validate" and "pass the state_uri that save_state answered" in none.reason
+
+
+def test_a_revoked_partition_drops_its_policies_which_resume_from_their_checkpoint(service):
+    from kafka import TopicPartition
+
+    pid = f"{TENANT}/p"
+    held = FakeDeferred()
+    service.steps.handle(command(service, "p", "create", lora=LORA, seed=0), Rec(0), held)
+    service.steps.handle(command(service, "p", "forward_backward", datums=BATCH), Rec(1), held)
+    weights = _params(service, pid)
+    service.steps.revoked({TopicPartition("t.train.steps", 1)})  # another partition: kept
+    assert pid in service.trainer.policies
+    service.steps.revoked({TopicPartition("t.train.steps", 0)})
+    assert pid not in service.trainer.policies and pid not in service.trainer._pinned
+    _, out = call(service, "p", "forward", datums=BATCH)
+    assert out.event_type == "train.step.completed"
+    for a, b in zip(_params(service, pid), weights, strict=True):
+        torch.testing.assert_close(a, b)

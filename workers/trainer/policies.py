@@ -89,6 +89,10 @@ class PolicyState:
     losses: list[float] = field(default_factory=list)
     # forward_backward calls whose gradients wait for an optim_step (steps.py; in memory only).
     accumulated: int = 0
+    # A policy trained by step-level calls (steps.py): its shape and replay position, saved
+    # with its state; such a saved state stays in the store when resumed (it is the checkpoint
+    # a restarted trainer resumes from), where an evicted update policy's is discarded.
+    step_meta: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -261,6 +265,8 @@ class HeldPolicies:
                 "steps": state.steps,
                 "shapes": [list(p.shape) for p in params],
             }
+            if state.step_meta is not None:
+                meta["step"] = state.step_meta
             if self.store is not None and evicted.storable(policy_id):
                 evicted.save(self.store, policy_id, params, optimizer, meta)
             else:
@@ -274,7 +280,8 @@ class HeldPolicies:
         saved = self._evicted.pop(pid, None)
         if saved is None and self.store is not None and evicted.storable(pid):
             saved = evicted.load(self.store, pid)
-            evicted.discard(self.store, pid)
+            if saved is not None and "step" not in saved[2]:
+                evicted.discard(self.store, pid)
         if saved is None:
             return
         params, optimizer, meta = saved
@@ -292,7 +299,7 @@ class HeldPolicies:
             for p, value in zip(state.params, params, strict=True):
                 p.copy_(value)
         state.backend.load_optimizer_state(optimizer)
-        state.steps = meta["steps"]
+        state.steps, state.step_meta = meta["steps"], meta.get("step")
         log.info("policy_resumed_after_eviction", policy=pid, steps=state.steps)
 
     def remove_policy(self, policy_id: str) -> None:

@@ -6,27 +6,36 @@ base and answers ``train.step.completed`` or ``train.step.failed`` on ``train.st
 (the answer's event id derives from the command's, so a re-sent answer is the same event):
 
 - ``create``: a fresh LoRA adapter and optimizer (``lora``, ``seed``). Again for a policy
-  held with the same shape: answered completed again.
+  that has one of the same shape: answered completed again.
 - ``forward`` / ``forward_backward``: per-datum per-position logprobs of ``target_tokens`` and
   the loss (workers/trainer/losses.py ``step_loss``); ``forward_backward`` ADDS its gradients
   to the policy's, which wait for ``optim_step`` (AdamW with the call's ``adam``, then zeroed).
 - ``save_for_sampler``: a revision exported exactly as an update exports one
-  (``TrainerService.export_revision``: store, catalog, ``export.completed``).
+  (``RevisionExporter.export_revision``: store, catalog, ``export.completed``).
+- ``save_state`` / ``load_state``: weights and AdamW state to and from
+  ``<tenant>/<policy>/states/<name>/`` (step_state.py).
 
 A call's failure is its own answer (``train.step.failed`` with the stage and a reason the
 caller can act on), never a dead letter or a stalled partition; an outage (store, catalog or
 broker away) is raised, so the consumer loop waits it out and runs the call again.
 
-Redelivery: answers are remembered by command event id and re-sent, not recomputed.
-Accumulated gradients live in memory only; see workers/trainer/README.md (step-level calls)
-for what a trainer restart between ``forward_backward`` and ``optim_step`` does.
+Restarts and redelivery. After ``create``, each ``optim_step`` and ``load_state`` the policy's
+weights and optimizer state are checkpointed to the store with the position of that record
+(step_state.py). Gradients of ``forward_backward`` live in memory only, so their records'
+offsets are held uncommitted (streams.deferred) until the ``optim_step`` that used them was
+checkpointed: a trainer that dies in between resumes the policy from its checkpoint and gets
+those records again, which add the same gradients again (the answers, same event ids, are
+re-sent). A replayed record from before the checkpoint was answered already and is skipped;
+the checkpoint's own record gets its saved answer again. In one process, answers are
+remembered by command event id and re-sent, never recomputed. A partition a rebalance takes
+away drops its policies here (the new owner resumes them the same way).
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -36,10 +45,12 @@ from schemas import Envelope
 from schemas.envelope import make_reply
 from schemas.events.steps import TrainStepCompleted, TrainStepFailed, TrainStepRequested
 from schemas.events.update import LoraSpec
+from streams.deferred import DeferredWork
 from streams.records import is_transient
+from workers.trainer import step_state
 from workers.trainer.exceptions import BackendError, BadBatch
 from workers.trainer.losses import step_loss_config
-from workers.trainer.policies import LoraShape
+from workers.trainer.policies import LoraShape, PolicyState
 
 if TYPE_CHECKING:
     from workers.trainer.worker import TrainerService
@@ -58,15 +69,6 @@ class StepRefused(Exception):
         self.stage = stage
 
 
-@dataclass
-class Created:
-    """What ``create`` made a policy with: its shape, so an evicted policy comes back alike."""
-
-    lora: LoraShape
-    seed: int | None
-    revision: int | None = None  # its last save_for_sampler: where an evicted one resumes
-
-
 def _shape(spec: LoraSpec) -> LoraShape:
     return LoraShape(
         spec.rank,
@@ -77,33 +79,117 @@ def _shape(spec: LoraSpec) -> LoraShape:
     )
 
 
+def _position(record: Any) -> tuple[str, int, int] | None:
+    if record is None or getattr(record, "offset", None) is None:
+        return None
+    return (record.topic, record.partition, record.offset)
+
+
 class StepService:
     """Runs step-level calls against the trainer, store, catalog and producer of ``service``
     (the update handler, whose per-policy locks and export it shares)."""
 
     def __init__(self, service: TrainerService) -> None:
-        self.service = service
-        self.trainer = service.trainer
-        self._created: dict[str, Created] = {}
-        self._answers: OrderedDict[str, Answer] = OrderedDict()  # command event id -> answer
-        self._pinned: set[str] = set()  # policies pinned while gradients wait for optim_step
+        self.service, self.trainer, self.store = service, service.trainer, service.store
+        # Per policy: answers by command event id (the most recent), re-sent on redelivery.
+        self._answers: dict[str, OrderedDict[str, Answer]] = {}
+        self._pinned: set[str] = set()  # policies whose gradients wait for an optim_step
+        self._unsaved: dict[str, str] = {}  # policy -> the call whose checkpoint is not written
+        self._where: dict[str, tuple[str, int]] = {}  # policy -> (topic, partition) it came on
 
-    def handle(self, env: Envelope[Any], record: Any = None) -> Answer:
+    def handle(
+        self, env: Envelope[Any], record: Any = None, deferred: DeferredWork | None = None
+    ) -> Answer | None:
+        """Answer one call (None: a replayed record that the policy's checkpoint already
+        reflects and that was answered before). ``deferred``: the consumer's, to hold the
+        offsets of forward_backward records until the optim_step that uses their gradients."""
         p: TrainStepRequested = env.payload
-        with self.service._policy_lock(env.policy_id):
-            answer = self._answers.get(str(env.event_id))
-            if answer is None:
+        pid, eid = env.policy_id, str(env.event_id)
+        with self.service._policy_lock(pid):
+            pos = _position(record)
+            if pos is not None:
+                self._where[pid] = pos[:2]
+            known, answer = self._known(env, pos)
+            if not known:
                 answer = self._answer(env, p)
-                self._remember(str(env.event_id), answer)
+                self._remember(pid, eid, answer)
+            elif answer is None:
+                log.info("train_step_replay_skipped", request=p.request_id, op=p.op, at=pos)
+                return None
             else:
                 log.info("train_step_redelivered", request=p.request_id, op=p.op)
+            if self._unsaved.get(pid) == eid:  # (again, if an outage stopped it last time)
+                self._checkpoint(pid, pos, answer)
+                if deferred is not None and p.op in ("optim_step", "load_state"):
+                    deferred.release(("grads", pid))  # their gradients were used (or dropped)
+            if (
+                deferred is not None
+                and record is not None
+                and p.op == "forward_backward"
+                and isinstance(answer, TrainStepCompleted)
+                and pid in self._pinned
+            ):
+                # Its gradients exist in memory only: replayed after a restart (the policy
+                # resumes from its checkpoint), committed once its optim_step is checkpointed.
+                deferred.hold(record, ("grads", pid))
             self._publish(env, answer)
             return answer
 
-    def _remember(self, event_id: str, answer: Answer) -> None:
-        self._answers[event_id] = answer
-        while len(self._answers) > ANSWERS_KEPT:
-            self._answers.popitem(last=False)
+    def revoked(self, tps: set[Any]) -> None:
+        """A rebalance took partitions away (DeferredWork ``on_revoked``): their policies are
+        dropped here, pending gradients and all, since the new owner resumes them from their
+        checkpoints and replays the held forward_backward records."""
+        gone = {(tp.topic, tp.partition) for tp in tps}
+        for pid in [pid for pid, where in self._where.items() if where in gone]:
+            with self.service._policy_lock(pid):
+                self._drop(pid)
+            log.info("step_policy_dropped_on_revoke", policy=pid)
+
+    def _known(self, env: Envelope[Any], pos: tuple | None) -> tuple[bool, Answer | None]:
+        """(True, answer) for a call answered before: remembered, or at the checkpoint's own
+        record. (True, None): a replayed record from before the checkpoint (done, answered)."""
+        pid = env.policy_id
+        cached = self._answers.get(pid, {}).get(str(env.event_id))
+        try:
+            state = self.trainer.policies.get(pid) or self._resume(env)
+        except Exception as e:
+            if is_transient(e):
+                raise
+            state = None  # the call itself meets the error and answers it
+        meta = (state.step_meta or {}) if state is not None else {}
+        through = meta.get("through")
+        if pos is not None and through and list(pos[:2]) == through[:2]:
+            if pos[2] < through[2]:
+                return True, cached
+            if pos[2] == through[2]:
+                return True, cached or TrainStepCompleted.model_validate(meta["answer"])
+        return cached is not None, cached
+
+    def _remember(self, pid: str, event_id: str, answer: Answer) -> None:
+        answers = self._answers.setdefault(pid, OrderedDict())
+        answers[event_id] = answer
+        while len(answers) > ANSWERS_KEPT:
+            answers.popitem(last=False)
+
+    def _checkpoint(self, pid: str, pos: tuple | None, answer: Answer) -> None:
+        state = self.trainer.policy(pid)
+        state.step_meta = {
+            **(state.step_meta or {}),
+            "through": list(pos) if pos is not None else None,
+            "answer": answer.model_dump(mode="json"),
+        }
+        step_state.checkpoint(self.store, self.trainer, pid)
+        del self._unsaved[pid]
+
+    def _drop(self, pid: str) -> None:
+        self._where.pop(pid, None)
+        self._answers.pop(pid, None)
+        self._unsaved.pop(pid, None)
+        if pid in self._pinned:
+            self._pinned.discard(pid)
+            self.trainer.unpin(pid)
+        if pid in self.trainer.policies:
+            self.trainer.remove_policy(pid)
 
     def _publish(self, env: Envelope[Any], answer: Answer) -> None:
         reply = make_reply(
@@ -142,58 +228,72 @@ class StepService:
                 f"base_model={p.base_model!r} but this trainer holds {base!r}; send the call to "
                 "a trainer of that base model (one consumer group per base)",
             )
+        if p.op == "load_state":
+            return self._load_state(env, p)
+        state = self.trainer.policies.get(env.policy_id) or self._resume(env)
         if p.op == "create":
-            return self._create(env.policy_id, p)
-        self._held(env, p.op)
+            return self._create(env, p, state)
+        if state is None:
+            raise StepRefused(
+                "policy",
+                f"policy {env.policy_id!r} has no training state (never created, or created "
+                "on a trainer of another store): send op=create first, or load_state",
+            )
         if p.op in ("forward", "forward_backward"):
             return self._forward(env.policy_id, p)
         if p.op == "optim_step":
-            return self._optim_step(env.policy_id, p)
+            return self._optim_step(env, p)
         if p.op == "save_for_sampler":
             return self._save_for_sampler(env, p)
-        raise StepRefused("validate", f"op {p.op!r} is not supported by this trainer yet")
+        uri = step_state.save_named(self.store, env.policy_id, p.name or "")  # save_state
+        return {"state_uri": uri}
 
-    def _create(self, pid: str, p: TrainStepRequested) -> dict[str, Any]:
-        lora = _shape(p.lora or LoraSpec())
-        created, held = self._created.get(pid), self.trainer.policies.get(pid)
-        if created is not None or held is not None:
-            have = created.lora if created is not None else held.lora  # type: ignore[union-attr]
-            if have == lora:
-                self._created.setdefault(pid, Created(lora, p.seed))
-                return {}  # created before (a redelivery, or the client asked again)
-            raise StepRefused(
-                "validate",
-                f"policy {pid!r} already exists here with rank={have.rank}, "
-                f"alpha={have.alpha}, target_modules={have.target_modules}; create another "
-                "policy for another adapter shape",
-            )
-        try:
-            self.trainer.add_policy(pid, lora, seed=p.seed)
-        except ValueError as e:  # PEFT: target modules the model lacks; untrainable targets
-            raise StepRefused("validate", f"lora: {e}") from e
-        self._created[pid] = Created(lora, p.seed)
-        return {}
-
-    def _held(self, env: Envelope[Any], op: str) -> None:
-        """Make sure the policy is held: an evicted one comes back (weights and optimizer
-        state from the store, at its last revision); one never created here is refused."""
+    def _resume(self, env: Envelope[Any]) -> PolicyState | None:
+        """The policy from its checkpoint (None: it has none): evicted, or a restart since."""
         pid = env.policy_id
-        if pid in self.trainer.policies:
-            return
-        created = self._created.get(pid)
-        if created is None:
-            raise StepRefused(
-                "policy",
-                f"policy {pid!r} has no training state on this trainer (never created, or the "
-                "trainer restarted since): send op=create first, or load_state from a saved "
-                "state",
-            )
+        meta = step_state.checkpoint_meta(self.store, pid)
+        if meta is None:
+            return None
+        rev, step = meta["parent_revision"], meta["step"]
         parent = None
-        if created.revision is not None:
-            parent = self.service._open_revision(env.tenant, env.policy, created.revision)
-        self.trainer.add_policy(
-            pid, created.lora, parent=parent, parent_revision=created.revision, seed=created.seed
+        if rev is not None:
+            parent = self.service._open_revision(env.tenant, env.policy, rev)
+        state = self.trainer.add_policy(
+            pid, LoraShape(**step["lora"]), parent=parent, parent_revision=rev
         )
+        if state.step_meta is None:  # the eviction code found it stale: never resumed as is
+            self.trainer.remove_policy(pid)
+            raise StepRefused(
+                "store",
+                f"the checkpoint of policy {pid!r} does not fit its adapter; load_state a "
+                "saved state or create another policy",
+            )
+        log.info("step_policy_resumed", policy=pid, steps=state.steps, at=step.get("through"))
+        return state
+
+    def _create(
+        self, env: Envelope[Any], p: TrainStepRequested, state: PolicyState | None
+    ) -> dict[str, Any]:
+        pid, lora = env.policy_id, _shape(p.lora or LoraSpec())
+        if state is not None:
+            have = LoraShape(**state.step_meta["lora"]) if state.step_meta else state.lora
+            if have != lora:
+                raise StepRefused(
+                    "validate",
+                    f"policy {pid!r} already exists with rank={have.rank}, alpha={have.alpha}, "
+                    f"target_modules={have.target_modules}; create another policy for another "
+                    "adapter shape",
+                )
+            if state.step_meta is not None:
+                return {}  # created before (a redelivery, or the client asked again)
+        else:
+            try:
+                state = self.trainer.add_policy(pid, lora, seed=p.seed)
+            except ValueError as e:  # PEFT: target modules the model lacks; untrainable ones
+                raise StepRefused("validate", f"lora: {e}") from e
+        state.step_meta = {"lora": asdict(lora), "seed": p.seed}
+        self._unsaved[pid] = str(env.event_id)
+        return {}
 
     def _forward(self, pid: str, p: TrainStepRequested) -> dict[str, Any]:
         try:
@@ -222,12 +322,14 @@ class StepService:
         metrics = {"tokens": float(tokens), "datums": float(len(p.datums))}
         return {"loss": loss, "logprobs": logprobs, "metrics": metrics}
 
-    def _optim_step(self, pid: str, p: TrainStepRequested) -> dict[str, Any]:
+    def _optim_step(self, env: Envelope[Any], p: TrainStepRequested) -> dict[str, Any]:
         assert p.adam is not None  # the schema requires it
+        pid = env.policy_id
         metrics = self.trainer.optim_step(pid, p.adam.model_dump())
         if pid in self._pinned:
             self._pinned.discard(pid)
             self.trainer.unpin(pid)
+        self._unsaved[pid] = str(env.event_id)
         return {"metrics": metrics}
 
     def _save_for_sampler(self, env: Envelope[Any], p: TrainStepRequested) -> dict[str, Any]:
@@ -239,13 +341,25 @@ class StepService:
             "request_id": p.request_id,
         }
         r = self.service.export_revision(env, training)
-        created = self._created.get(env.policy_id)
-        if created is not None:
-            created.revision = r["revision"]
         # export.completed first: the catalog's projection and the engines learn of the revision
         # before the caller, who may sample from it at once.
         self.service.producer.publish_many([self.service.export_event(env, r)])
+        if env.policy_id not in self._pinned:
+            # The checkpoint keeps the new parent revision. With gradients waiting it is left
+            # as it is (it would pass their records); their replay replays this call too, which
+            # registers the same revision again (same digest, same event id).
+            self._unsaved[env.policy_id] = str(env.event_id)
         return {"revision": r["revision"], "metrics": {"size_bytes": float(r["size_bytes"])}}
+
+    def _load_state(self, env: Envelope[Any], p: TrainStepRequested) -> dict[str, Any]:
+        pid = env.policy_id
+        assert p.source_uri is not None  # the schema requires it
+        step_state.load_named(self.store, pid, p.source_uri)
+        self._drop(pid)  # what it held, waiting gradients too, gives way to the loaded state
+        state = self._resume(env)
+        assert state is not None
+        self._unsaved[pid] = str(env.event_id)
+        return {"metrics": {"steps": float(state.steps)}}
 
 
 def _answer_id(event_id: Any) -> Any:
@@ -258,10 +372,10 @@ def _classify(e: Exception) -> tuple[str, bool]:
     """(stage, retryable) of a failed call."""
     if isinstance(e, StepRefused):
         return e.stage, False
+    if isinstance(e, BadBatch):  # a non-finite loss
+        return "compute", False
+    if isinstance(e, ValueError | PermissionError | BackendError):  # what was sent
+        return "validate", False
     if isinstance(e, CatalogError | OSError):
         return "store", False
-    if isinstance(e, BackendError):
-        return "validate", False
-    if isinstance(e, BadBatch):
-        return "compute", False
     return "compute", isinstance(e, RuntimeError)  # e.g. out of memory: another try may pass

@@ -18,25 +18,25 @@ own partitions, and while one waits on I/O another trains on the same resident b
 
 from __future__ import annotations
 
+import functools
 import socket
 import threading
 import time
-import uuid
-from datetime import UTC, datetime
 from typing import Any
 
 import structlog
 
 from catalog.claims import read_jsonl
-from catalog.exceptions import CatalogError, PolicyNotFound
+from catalog.exceptions import CatalogError
 from catalog.repository import CatalogRepository
 from catalog.store import AdapterStore, StoredAdapter
 from schemas import Envelope
 from schemas.envelope import make_reply
-from schemas.events import ExportCompleted, UpdateCompleted, UpdateRequested
+from schemas.events import UpdateCompleted, UpdateRequested
 from schemas.events.steps import TrainStepRequested
 from schemas.settings import MintSettings
 from streams import health
+from streams.deferred import DeferredWork
 from streams.group import run_consumer
 from streams.producer import EventProducer
 from streams.records import ConsumerStats, RetryPolicy, stop_on_signals
@@ -45,6 +45,7 @@ from workers.trainer.config import TrainerConfig
 from workers.trainer.data import parse_examples
 from workers.trainer.engine import MultiPolicyTrainer
 from workers.trainer.exceptions import BadBatch
+from workers.trainer.exporting import RevisionExporter, derived_id
 from workers.trainer.policies import LoraShape
 from workers.trainer.steps import StepService
 
@@ -52,15 +53,9 @@ log = structlog.get_logger()
 
 TRAINER_GROUP = "trainer"
 TRAINER_TOPICS = ("update.requests", "train.steps")
-_EVENT_NS = uuid.UUID("0d7f3a52-8b1e-4c55-a0d6-2f9e61b4c7a3")
 
 
-def derived_id(request_id: uuid.UUID, what: str) -> uuid.UUID:
-    """Event ids that follow from the request: a re-run publishes the very same events."""
-    return uuid.uuid5(_EVENT_NS, f"{request_id}:{what}")
-
-
-class TrainerService:
+class TrainerService(RevisionExporter):
     """Handles update requests against one trainer, one store, one catalog and one producer."""
 
     def __init__(
@@ -82,10 +77,13 @@ class TrainerService:
         with self._locks_guard:
             return self._policy_locks.setdefault(policy_id, threading.Lock())
 
-    def handle(self, env: Envelope[Any], record: Any = None) -> dict[str, Any] | None:
-        """Consumer-loop handler; returns the request's result record (None: not an update)."""
+    def handle(
+        self, env: Envelope[Any], record: Any = None, deferred: DeferredWork | None = None
+    ) -> dict[str, Any] | None:
+        """Consumer-loop handler; returns the request's result record (None: not an update).
+        ``deferred``: the consumer's, which step-level calls hold offsets in (steps.py)."""
         if isinstance(env.payload, TrainStepRequested):
-            self.steps.handle(env, record)
+            self.steps.handle(env, record, deferred)
             return None
         if not isinstance(env.payload, UpdateRequested):
             return None
@@ -205,83 +203,6 @@ class TrainerService:
         }
         return self.export_revision(env, training)
 
-    def export_revision(self, env: Envelope[Any], training: dict[str, Any]) -> dict[str, Any]:
-        """Store the policy's adapter as its next revision and register it in the catalog; the
-        figures ``export_event`` announces. Idempotent per ``env`` (the catalog dedupes by
-        digest and by the event id derived from it). Update requests and step-level
-        ``save_for_sampler`` calls (steps.py) both export here."""
-        pid = env.policy_id
-        parent_revision = self.trainer.policy(pid).parent_revision
-        base_model = self.trainer.config.base_model
-        stored = self.trainer.export(pid, env.tenant, env.policy, training=training)
-        # Registered exactly as the projection of the export.completed event registers it (same
-        # event id, time, author and metadata), so a catalog rebuilt from the log equals this one.
-        export_id, at = derived_id(env.event_id, "export"), datetime.now(UTC)
-        try:
-            self.repo.get_policy(env.tenant, env.policy)
-        except PolicyNotFound:
-            self.repo.create_policy(env.tenant, env.policy, base_model, by=self.name, at=at)
-        rev = self.repo.register_revision(
-            env.tenant,
-            env.policy,
-            digest=stored.digest,
-            store_uri=stored.uri,
-            base_model=base_model,
-            parent_revision=parent_revision,
-            metadata=_revision_metadata(stored),
-            source_event_id=export_id,
-            by=self.name,
-            at=at,
-        )
-        state = self.trainer.policy(pid)
-        if rev.digest != stored.digest:
-            # This request registered a revision before (crash before the request record):
-            # that revision is the answer, and our copy must continue from it, not from ours.
-            log.warning(
-                "update_already_registered", request=str(env.event_id), revision=rev.revision
-            )
-            self.trainer.remove_policy(pid)
-            stored = self.store.open(
-                rev.store_uri,
-                owner=(env.tenant, env.policy),
-                base_model_fingerprint=self.trainer.fingerprint,
-            )
-            state = self.trainer.add_policy(pid, parent=stored, parent_revision=rev.revision)
-        state.parent, state.parent_revision = stored, rev.revision
-        return {
-            "exported_at": rev.created_at.replace(tzinfo=UTC).isoformat(),
-            "revision": rev.revision,
-            "parent_revision": parent_revision,
-            "digest": stored.digest,
-            "store_uri": stored.uri,
-            "base_model": base_model,
-            **_revision_metadata(stored),
-        }
-
-    def export_event(self, env: Envelope[Any], r: dict[str, Any]) -> Envelope[ExportCompleted]:
-        """The ``export.completed`` of ``export_revision``'s result ``r`` (same id every time)."""
-        export = ExportCompleted(
-            revision=r["revision"],
-            adapter_digest=r["digest"],
-            store_uri=r["store_uri"],
-            size_bytes=r["size_bytes"],
-            rank=r["rank"],
-            lora_alpha=r["lora_alpha"],
-            target_modules=r["target_modules"],
-            target_parameters=r["target_parameters"],
-            base_model=r["base_model"],
-            base_model_fingerprint=r["base_model_fingerprint"],
-            parent_revision=r["parent_revision"],
-        )
-        at = r.get("exported_at")
-        return make_reply(
-            export,
-            env,
-            producer=self.name,
-            event_id=derived_id(env.event_id, "export"),
-            occurred_at=datetime.fromisoformat(at) if at else None,
-        )
-
     def _publish(self, env: Envelope[Any], r: dict[str, Any]) -> None:
         events = []
         if r.get("exported") and r.get("revision") is not None:
@@ -297,19 +218,6 @@ class TrainerService:
         update_id = derived_id(env.event_id, "update")
         events.append(make_reply(done, env, producer=self.name, event_id=update_id))
         self.producer.publish_many(events)
-
-
-def _revision_metadata(stored: StoredAdapter) -> dict[str, Any]:
-    """A stored revision's figures, as the catalog registers them and export.completed says."""
-    m = stored.manifest
-    return {
-        "size_bytes": stored.size_bytes,
-        "rank": m.rank,
-        "lora_alpha": m.lora_alpha,
-        "target_modules": list(m.target_modules),
-        "target_parameters": list(m.target_parameters),
-        "base_model_fingerprint": m.base_model_fingerprint,
-    }
 
 
 def run_trainer(
@@ -343,11 +251,14 @@ def run_trainer(
         results: list[ConsumerStats] = [ConsumerStats()] * consumers
 
         def consume(i: int) -> None:
+            # Step-level calls hold forward_backward offsets until their optim_step (steps.py).
+            deferred = DeferredWork(on_revoked=service.steps.revoked)
             results[i] = run_consumer(
                 settings,
                 TRAINER_TOPICS,
                 group_id,
-                service.handle,
+                functools.partial(service.handle, deferred=deferred),
+                deferred=deferred,
                 stop=stop,
                 retry=retry,
                 idle_timeout_s=idle_timeout_s,
