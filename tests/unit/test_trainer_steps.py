@@ -479,3 +479,42 @@ def test_a_revoked_partition_drops_its_policies_which_resume_from_their_checkpoi
     assert out.event_type == "train.step.completed"
     for a, b in zip(_params(service, pid), weights, strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_a_checkpoint_outage_is_waited_out_without_stepping_twice(service, monkeypatch):
+    from catalog.exceptions import StoreUnavailable
+    from workers.trainer import step_state
+
+    pid, held = f"{TENANT}/p", FakeDeferred()
+    service.steps.handle(command(service, "p", "create", lora=LORA, seed=0), Rec(0), held)
+    service.steps.handle(command(service, "p", "forward_backward", datums=BATCH), Rec(1), held)
+    optim = command(service, "p", "optim_step", adam=ADAM)
+    real = step_state.checkpoint
+
+    def away(*args):
+        raise StoreUnavailable("the store is not reachable")
+
+    monkeypatch.setattr(step_state, "checkpoint", away)
+    with pytest.raises(StoreUnavailable):  # the consumer loop waits it out and calls again
+        service.steps.handle(optim, Rec(2), held)
+    assert held.held == [(1, ("grads", pid))]
+    monkeypatch.setattr(step_state, "checkpoint", real)
+    out = service.steps.handle(optim, Rec(2), held)
+    assert out.metrics["stepped"] == 1 and service.trainer.policy(pid).steps == 1
+    assert held.held == []
+
+
+def test_a_refused_checkpoint_keeps_the_answer_and_the_held_records(service, monkeypatch):
+    from workers.trainer import step_state
+
+    pid, held = f"{TENANT}/p", FakeDeferred()
+    service.steps.handle(command(service, "p", "create", lora=LORA, seed=0), Rec(0), held)
+    service.steps.handle(command(service, "p", "forward_backward", datums=BATCH), Rec(1), held)
+
+    def full(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(step_state, "checkpoint", full)
+    out = service.steps.handle(command(service, "p", "optim_step", adam=ADAM), Rec(2), held)
+    assert out.event_type == "train.step.completed" and out.metrics["stepped"] == 1
+    assert held.held == [(1, ("grads", pid))]  # a restart replays onto the last checkpoint

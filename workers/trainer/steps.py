@@ -119,8 +119,8 @@ class StepService:
             else:
                 log.info("train_step_redelivered", request=p.request_id, op=p.op)
             if self._unsaved.get(pid) == eid:  # (again, if an outage stopped it last time)
-                self._checkpoint(pid, pos, answer)
-                if deferred is not None and p.op in ("optim_step", "load_state"):
+                saved = self._checkpoint(pid, pos, answer)
+                if saved and deferred is not None and p.op in ("optim_step", "load_state"):
                     deferred.release(("grads", pid))  # their gradients were used (or dropped)
             if (
                 deferred is not None
@@ -140,7 +140,7 @@ class StepService:
         dropped here, pending gradients and all, since the new owner resumes them from their
         checkpoints and replays the held forward_backward records."""
         gone = {(tp.topic, tp.partition) for tp in tps}
-        for pid in [pid for pid, where in self._where.items() if where in gone]:
+        for pid in [pid for pid, where in list(self._where.items()) if where in gone]:
             with self.service._policy_lock(pid):
                 self._drop(pid)
             log.info("step_policy_dropped_on_revoke", policy=pid)
@@ -171,15 +171,26 @@ class StepService:
         while len(answers) > ANSWERS_KEPT:
             answers.popitem(last=False)
 
-    def _checkpoint(self, pid: str, pos: tuple | None, answer: Answer) -> None:
+    def _checkpoint(self, pid: str, pos: tuple | None, answer: Answer) -> bool:
+        """Write the checkpoint of the call just answered; False if the store refused it."""
         state = self.trainer.policy(pid)
         state.step_meta = {
             **(state.step_meta or {}),
             "through": list(pos) if pos is not None else None,
             "answer": answer.model_dump(mode="json"),
         }
-        step_state.checkpoint(self.store, self.trainer, pid)
-        del self._unsaved[pid]
+        try:
+            step_state.checkpoint(self.store, self.trainer, pid)
+        except Exception as e:
+            if is_transient(e):
+                raise  # waited out; the redelivered call finds its answer and writes it then
+            # Not the call's failure: it ran, and its answer stands. Its forward_backward
+            # records stay held, so a restart replays them onto the last checkpoint written.
+            log.error("step_checkpoint_failed", policy=pid, error=f"{type(e).__name__}: {e}")
+            self._unsaved.pop(pid, None)
+            return False
+        self._unsaved.pop(pid, None)
+        return True
 
     def _drop(self, pid: str) -> None:
         self._where.pop(pid, None)
