@@ -35,6 +35,7 @@ from gateway.errors import ApiError, BadRequest, Unavailable
 from gateway.metrics import GatewayMetrics
 from gateway.refs import parse_model
 from gateway.service import Gateway
+from gateway.tinker.router import build_router
 from schemas.events import ChatTurn, InferRequested
 from schemas.logs import bound_event
 
@@ -162,6 +163,8 @@ def create_app(gw: Gateway) -> FastAPI:
     app.state.gateway = gw
 
     app.add_middleware(Measure, metrics=metrics)
+    if gw.tinker is not None:  # the Tinker SDK's /api/v1 (gateway/tinker)
+        app.include_router(build_router(gw.tinker))
 
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, e: ApiError) -> JSONResponse:

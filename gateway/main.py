@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -12,6 +13,9 @@ from gateway.config import GatewayConfig
 from gateway.metrics import GatewayMetrics
 from gateway.service import Gateway
 from schemas.settings import MintSettings
+
+if TYPE_CHECKING:
+    from gateway.tinker.service import TinkerApi
 
 log = structlog.get_logger()
 
@@ -26,7 +30,9 @@ def build(settings: MintSettings, config: GatewayConfig) -> Gateway:
     from gateway.dispatch import KafkaEngines
     from streams.topics import ensure_topics
 
-    ensure_topics(settings, ["infer.requests", "infer.results"])
+    ensure_topics(
+        settings, ["infer.requests", "infer.results", "train.steps", "train.step.results"]
+    )
     cluster, session = connect(settings)
     try:
         directory = CatalogDirectory(
@@ -40,7 +46,22 @@ def build(settings: MintSettings, config: GatewayConfig) -> Gateway:
     except BaseException:
         cluster.shutdown()
         raise
-    return Gateway(config, directory, engines, metrics=metrics, on_close=cluster.shutdown)
+    gw = Gateway(config, directory, engines, metrics=metrics, on_close=cluster.shutdown)
+    gw.tinker = tinker_api(settings, gw)
+    return gw
+
+
+def tinker_api(settings: MintSettings, gw: Gateway) -> TinkerApi:
+    """The Tinker API of ``gw``: calls to the trainer on ``train.steps``, answers followed on
+    ``train.step.results``; it trains and samples this deployment's base model."""
+    from gateway.tinker.service import TinkerApi
+    from gateway.tinker.trainer import KafkaTrainer
+
+    cfg = gw.config
+    trainer = KafkaTrainer(
+        settings, cfg.instance_id, gw.engines.request_prefix, retry_after_s=cfg.retry_after_s
+    )
+    return TinkerApi(gw, trainer, [settings.base_model])
 
 
 def serve(settings: MintSettings, config: GatewayConfig) -> None:

@@ -12,7 +12,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable, Hashable
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from catalog.models import ApiKey, TenantAccess
 from catalog.refs import Ref
@@ -27,6 +27,9 @@ from gateway.responses import check_answers
 from schemas.envelope import Envelope, make_event
 from schemas.events import InferCompleted, InferRequested
 from schemas.exceptions import EventValidationError
+
+if TYPE_CHECKING:
+    from gateway.tinker.service import TinkerApi
 
 V = TypeVar("V")
 NEGATIVE_TTL_S = 2.0  # a policy or digest created just now is found within this
@@ -97,13 +100,18 @@ class Gateway:
         )
         self._models = Cached(catalog.models, ttl, clock=clock)
         self._on_close = on_close
+        self.tinker: TinkerApi | None = None  # the Tinker API (gateway.tinker), when served
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
         self.engines.start()
+        if self.tinker is not None:
+            self.tinker.start()
 
     def close(self) -> None:
+        if self.tinker is not None:
+            self.tinker.close()
         self.engines.close()
         self.auth.close()
         if self._on_close is not None:

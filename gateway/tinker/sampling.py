@@ -1,0 +1,79 @@
+"""Sampling for the Tinker SDK on MinT's engines: a ``SampleRequest`` as ``infer.requested``
+commands (token prompts, gateway.service.Gateway.run), their answers as a ``SampleResponse``."""
+
+from __future__ import annotations
+
+from gateway.tinker import steps
+from gateway.tinker.bodies import SampleRequest
+from gateway.tinker.wire import WireSequence, encode_sample_response
+from schemas.events import InferCompleted, InferRequested
+
+DEFAULT_SAMPLE_TOKENS = 64
+
+
+def infer_requests(req: SampleRequest, revision: int, request_id: str) -> list[InferRequested]:
+    """One ``infer.requested`` per sample: the prompt as token ids, the revision pinned, the
+    sampled tokens' logprobs asked for; what MinT's engines cannot do is a BadRequest."""
+    unsupported = [
+        name
+        for name, on in (
+            ("prompt_logprobs", bool(req.prompt_logprobs)),
+            ("topk_prompt_logprobs", req.topk_prompt_logprobs > 0),
+            ("topk_sample_logprobs", req.topk_sample_logprobs > 0),
+            ("prompt_alt_tokens_k", req.prompt_alt_tokens_k > 0),
+            ("sampling_params.top_k", req.sampling_params.top_k not in (-1, 0)),
+        )
+        if on
+    ]
+    if unsupported:
+        raise steps.bad(
+            f"{', '.join(unsupported)}: not supported by MinT's sampler",
+            unsupported[0],
+            "unsupported_parameter",
+        )
+    tokens: list[int] = []
+    for i, chunk in enumerate(req.prompt.chunks):
+        if chunk.type != "encoded_text" or chunk.tokens is None:
+            raise steps.bad(
+                f"prompt.chunks[{i}] is {chunk.type!r}: MinT samples text (token ids) only",
+                "prompt",
+            )
+        tokens += chunk.tokens
+    sp = req.sampling_params
+    stop = [sp.stop] if isinstance(sp.stop, str) else list(sp.stop or [])
+    if any(isinstance(s, int) for s in stop):
+        raise steps.bad(
+            "sampling_params.stop: stop token ids are not supported by MinT; pass strings",
+            "sampling_params.stop",
+            "unsupported_parameter",
+        )
+    payloads = []
+    for i in range(req.num_samples):
+        payloads.append(
+            steps.checked(
+                InferRequested,
+                request_id=f"{request_id}.{i}",
+                revision=revision,
+                prompt=f"<{len(tokens)} tokens>",
+                prompt_token_ids=tokens,
+                max_tokens=sp.max_tokens or DEFAULT_SAMPLE_TOKENS,
+                temperature=sp.temperature,
+                top_p=sp.top_p,
+                seed=None if sp.seed is None else sp.seed + i,
+                stop=stop,
+                logprobs=True,
+            )
+        )
+    return payloads
+
+
+def sample_response(done: list[InferCompleted]) -> bytes:
+    """The engines' answers as the SDK's protobuf ``SampleResponse`` (one sequence each)."""
+    return encode_sample_response(
+        [
+            WireSequence(
+                "length" if p.finish_reason == "length" else "stop", p.token_ids, p.logprobs
+            )
+            for p in done
+        ]
+    )
