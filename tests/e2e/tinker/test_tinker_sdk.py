@@ -1,0 +1,87 @@
+"""The official ``tinker`` SDK 0.38.0, unchanged, against a MinT gateway (TINKER_BASE_URL) with a
+MinT key (TINKER_API_KEY=tml-<key>): supervised LoRA training through the real trainer over Kafka
+and Cassandra (ten forward_backward + optim_step, the loss falls), another tenant's key gets 404
+on the model, and the saved weights sample on a real vLLM engine."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import tinker
+from tinker import types
+
+# Two short sequences the tiny Llama learns by heart in ten steps (token ids of its vocabulary).
+SEQUENCES = [[5, 9, 13, 21, 34, 55], [7, 11, 19, 3, 8]]
+WAIT_S = 600  # the trainer loads the base model on its first call; CPUs are shared
+
+
+def datum(tokens: list[int]) -> types.Datum:
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)},
+    )
+
+
+@pytest.fixture(scope="module")
+def trained(tk_gateway, tk_model, tenant_key):
+    """A tenant's LoRA trained ten steps through the SDK, configured only by the environment:
+    (service, training client, losses, the tenant's key)."""
+    _, key = tenant_key()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("TINKER_BASE_URL", tk_gateway)
+        env.setenv("TINKER_API_KEY", key)
+        service = tinker.ServiceClient()
+        caps = tinker.RestClient().get_server_capabilities().result(timeout=60)
+        assert [m.model_name for m in caps.supported_models] == [str(tk_model)]
+        tc = service.create_lora_training_client(
+            str(tk_model), rank=8, seed=0, train_mlp=False, train_unembed=False
+        ).result(timeout=WAIT_S)
+        batch = [datum(s) for s in SEQUENCES]
+        losses = []
+        for _ in range(10):
+            fb = tc.forward_backward(batch, "cross_entropy")
+            opt = tc.optim_step(types.AdamParams(learning_rate=1e-2))
+            out = fb.result(timeout=WAIT_S)
+            opt.result(timeout=WAIT_S)
+            assert [len(o["logprobs"].tolist()) for o in out.loss_fn_outputs] == [5, 4]
+            losses.append(out.metrics["loss:sum"])
+        yield service, tc, losses, key
+        service.close("success").result(timeout=60)
+
+
+def test_sdk_trains_a_lora_and_the_loss_falls(trained, tk_gateway, tenant_key) -> None:
+    _, tc, losses, _ = trained
+    print("losses:", [round(x, 4) for x in losses])
+    assert losses[-1] < losses[0] * 0.9 and losses[-1] == min(losses), losses
+
+    # Another tenant's key: the model is a 404, the same as one that does not exist.
+    _, other = tenant_key()
+    missing = tc.model_id.replace(":train:", ":train:7")
+    with httpx.Client(base_url=tk_gateway, headers={"X-API-Key": other}, timeout=30) as raw:
+        for model_id in (tc.model_id, missing):
+            got = raw.post("/api/v1/get_info", json={"model_id": model_id})
+            assert got.status_code == 404, got.text
+            step = raw.post("/api/v1/optim_step", json={"model_id": model_id, "adam_params": {}})
+            assert step.status_code == 404, step.text
+    policy = tc.model_id.replace(":train:", "-")
+    other_service = tinker.ServiceClient(base_url=tk_gateway, api_key=other)
+    with pytest.raises(tinker.NotFoundError):
+        other_service.create_sampling_client(
+            model_path=f"tinker://{policy}/sampler_weights/x@1"
+        ).result(timeout=60)
+
+
+def test_saved_weights_sample_on_the_engine(trained, tk_engine) -> None:
+    service, tc, _, _ = trained
+    path = tc.save_weights_for_sampler("e2e").result(timeout=WAIT_S).path
+    assert path.startswith("tinker://") and path.endswith("/sampler_weights/e2e@1")
+    sampler = service.create_sampling_client(model_path=path).result(timeout=60)
+    got = sampler.sample(
+        types.ModelInput.from_ints(SEQUENCES[0][:3]),
+        num_samples=2,
+        sampling_params=types.SamplingParams(max_tokens=6, temperature=1.0, seed=1),
+    ).result(timeout=WAIT_S)  # the engine's first request waits for vLLM to start
+    assert len(got.sequences) == 2
+    for seq in got.sequences:
+        assert 1 <= len(seq.tokens) <= 6 and len(seq.logprobs) == len(seq.tokens)
+        assert all(lp <= 0 for lp in seq.logprobs)
