@@ -12,6 +12,7 @@ models it created, saved states, futures) is a cache of what the trainer and cat
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import secrets
 import uuid
@@ -90,8 +91,11 @@ class TinkerApi:
         self.trainer.start(self.futures)
 
     def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
+        """Stop following the trainer; samples still running are cancelled on their loop
+        (close runs on a worker thread of the app's shutdown)."""
+        for task in list(self._tasks):
+            with contextlib.suppress(RuntimeError):  # the loop is already closed
+                task.get_loop().call_soon_threadsafe(task.cancel)
         self.trainer.close()
 
     @property
