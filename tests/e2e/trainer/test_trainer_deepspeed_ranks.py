@@ -161,14 +161,19 @@ class Worker:
             )
 
     def events(self, name: str) -> list[dict]:
-        found = []
+        # Both ranks write to one log: two lines written at the same instant can land as
+        # '{...}{...}' on one line (seen in ci-local), so decode every object on a line.
+        found, decoder = [], json.JSONDecoder()
         for line in self.log.read_text(errors="replace").splitlines():
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(entry, dict) and entry.get("event") == name:
-                found.append(entry)
+            at = line.find("{")
+            while at != -1:
+                try:
+                    entry, end = decoder.raw_decode(line, at)
+                except ValueError:
+                    break
+                if isinstance(entry, dict) and entry.get("event") == name:
+                    found.append(entry)
+                at = line.find("{", end)
         return found
 
     def wait_for(self, what, timeout_s: float, label: str):
