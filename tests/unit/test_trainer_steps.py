@@ -518,3 +518,20 @@ def test_a_refused_checkpoint_keeps_the_answer_and_the_held_records(service, mon
     out = service.steps.handle(command(service, "p", "optim_step", adam=ADAM), Rec(2), held)
     assert out.event_type == "train.step.completed" and out.metrics["stepped"] == 1
     assert held.held == [(1, ("grads", pid))]  # a restart replays onto the last checkpoint
+
+
+def test_a_forward_backward_delivered_again_adds_its_gradients_once(service):
+    pid = f"{TENANT}/p"
+    call(service, "p", "create", lora=LORA, seed=0)
+    env = command(service, "p", "forward_backward", datums=BATCH)
+    first = service.steps.handle(env)
+    grads = _grads(service, pid)
+    service.steps._answers.clear()  # its answer no longer remembered
+    again = service.steps.handle(env)
+    flat = [x for row in first.logprobs for x in row]
+    assert [x for row in again.logprobs for x in row] == pytest.approx(flat, abs=1e-6)
+    assert again.loss == pytest.approx(first.loss)
+    for a, b in zip(_grads(service, pid), grads, strict=True):
+        torch.testing.assert_close(a, b)
+    _, step = call(service, "p", "optim_step", adam=ADAM)
+    assert step.metrics["accumulated_calls"] == 1

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger()
 
-ANSWERS_KEPT = 4096  # answers remembered for redelivered commands (the most recent)
+ANSWERS_KEPT = 64  # answers per policy remembered for redelivered commands (the latest)
 Answer = TrainStepCompleted | TrainStepFailed
 
 
@@ -93,7 +93,9 @@ class StepService:
         self.service, self.trainer, self.store = service, service.trainer, service.store
         # Per policy: answers by command event id (the most recent), re-sent on redelivery.
         self._answers: dict[str, OrderedDict[str, Answer]] = {}
-        self._pinned: set[str] = set()  # policies whose gradients wait for an optim_step
+        # Per policy: forward_backward calls whose gradients wait for an optim_step (while
+        # any wait the policy is pinned: eviction saves weights and optimizer, not gradients).
+        self._waiting: dict[str, set[str]] = {}
         self._unsaved: dict[str, str] = {}  # policy -> the call whose checkpoint is not written
         self._where: dict[str, tuple[str, int]] = {}  # policy -> (topic, partition) it came on
 
@@ -127,7 +129,7 @@ class StepService:
                 and record is not None
                 and p.op == "forward_backward"
                 and isinstance(answer, TrainStepCompleted)
-                and pid in self._pinned
+                and pid in self._waiting
             ):
                 # Its gradients exist in memory only: replayed after a restart (the policy
                 # resumes from its checkpoint), committed once its optim_step is checkpointed.
@@ -196,9 +198,7 @@ class StepService:
         self._where.pop(pid, None)
         self._answers.pop(pid, None)
         self._unsaved.pop(pid, None)
-        if pid in self._pinned:
-            self._pinned.discard(pid)
-            self.trainer.unpin(pid)
+        self._unpin(pid)
         if pid in self.trainer.policies:
             self.trainer.remove_policy(pid)
 
@@ -251,7 +251,7 @@ class StepService:
                 "on a trainer of another store): send op=create first, or load_state",
             )
         if p.op in ("forward", "forward_backward"):
-            return self._forward(env.policy_id, p)
+            return self._forward(env, p)
         if p.op == "optim_step":
             return self._optim_step(env, p)
         if p.op == "save_for_sampler":
@@ -306,7 +306,8 @@ class StepService:
         self._unsaved[pid] = str(env.event_id)
         return {}
 
-    def _forward(self, pid: str, p: TrainStepRequested) -> dict[str, Any]:
+    def _forward(self, env: Envelope[Any], p: TrainStepRequested) -> dict[str, Any]:
+        pid, eid = env.policy_id, str(env.event_id)
         try:
             config = step_loss_config(p.loss_fn, dict(p.loss_fn_config))
         except ValueError as e:
@@ -321,15 +322,17 @@ class StepService:
                         f"datums[{i}].{name} has token id {top}; this base model's vocabulary "
                         f"has {vocab} ids (0..{vocab - 1}): tokenize with the base's tokenizer",
                     )
-        backward = p.op == "forward_backward"
+        # A forward_backward whose gradients were added already (delivered again, its answer
+        # no longer remembered) is answered from a forward: nothing is added twice.
+        backward = p.op == "forward_backward" and eid not in self._waiting.get(pid, ())
         loss, logprobs, tokens = self.trainer.forward_datums(
             pid, list(p.datums), p.loss_fn, config, backward
         )
-        if backward and pid not in self._pinned:
-            # Eviction saves weights and optimizer state, not gradients: keep the policy held
-            # until its optim_step took them.
-            self.trainer.pin(pid)
-            self._pinned.add(pid)
+        if backward:
+            if pid not in self._waiting:
+                self.trainer.pin(pid)
+                self._waiting[pid] = set()
+            self._waiting[pid].add(eid)
         metrics = {"tokens": float(tokens), "datums": float(len(p.datums))}
         return {"loss": loss, "logprobs": logprobs, "metrics": metrics}
 
@@ -337,11 +340,13 @@ class StepService:
         assert p.adam is not None  # the schema requires it
         pid = env.policy_id
         metrics = self.trainer.optim_step(pid, p.adam.model_dump())
-        if pid in self._pinned:
-            self._pinned.discard(pid)
-            self.trainer.unpin(pid)
+        self._unpin(pid)
         self._unsaved[pid] = str(env.event_id)
         return {"metrics": metrics}
+
+    def _unpin(self, pid: str) -> None:
+        if self._waiting.pop(pid, None) is not None:
+            self.trainer.unpin(pid)
 
     def _save_for_sampler(self, env: Envelope[Any], p: TrainStepRequested) -> dict[str, Any]:
         state = self.trainer.policy(env.policy_id)
@@ -355,7 +360,7 @@ class StepService:
         # export.completed first: the catalog's projection and the engines learn of the revision
         # before the caller, who may sample from it at once.
         self.service.producer.publish_many([self.service.export_event(env, r)])
-        if env.policy_id not in self._pinned:
+        if env.policy_id not in self._waiting:
             # The checkpoint keeps the new parent revision. With gradients waiting it is left
             # as it is (it would pass their records); their replay replays this call too, which
             # registers the same revision again (same digest, same event id).
