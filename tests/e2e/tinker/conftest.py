@@ -100,7 +100,7 @@ def tk_gateway(tk_settings, tk_workers) -> Iterator[str]:
         host="127.0.0.1",
         port=0,
         instance_id="gw-tinker",
-        answer_timeout_s=240.0,
+        answer_timeout_s=600.0,  # the first sample waits for vLLM to start on shared CPUs
         key_ttl_s=1.0,
         catalog_ttl_s=1.0,
     )

@@ -12,7 +12,7 @@ from tinker import types
 
 # Two short sequences the tiny Llama learns by heart in ten steps (token ids of its vocabulary).
 SEQUENCES = [[5, 9, 13, 21, 34, 55], [7, 11, 19, 3, 8]]
-WAIT_S = 600  # the trainer loads the base model on its first call; CPUs are shared
+WAIT_S = 900  # the trainer loads the base model on its first call, vLLM starts; CPUs are shared
 
 
 def datum(tokens: list[int]) -> types.Datum:
