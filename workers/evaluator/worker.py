@@ -1,8 +1,8 @@
 """The evaluator as a Kafka worker, alone or sharing one engine with serving and rollout.
 
 ``run_evaluator_worker``: the streams consumer loop over ``eval.requests`` (group
-``<prefix>-evaluator``); a request that fails twice (unknown suite, unresolvable revision, failed
-load) goes to the dead-letter topic. A request for a suite not configured for its policy is
+``<prefix>-evaluator``); a request naming an unknown or broken suite is dead-lettered at once (a
+refusal); one that fails twice (unresolvable revision, failed load) goes there too. A request for a suite not configured for its policy is
 answered at once: ``eval.completed`` with ``refused`` (EvaluatorCore.run).
 
 ``EngineHost``: ONE vLLM engine (vLLM's generate is not re-entrant, and a small machine holds one
@@ -10,7 +10,7 @@ engine) driven by one thread that interleaves the serving worker's step, rollout
 evaluation requests. Each lane is a streams ConsumerLoop (the rules every worker shares): it
 commits an offset only after the record's results were published (at-least-once; result ids
 derive from request ids, so consumers dedupe), waits out an outage with every loop of the host
-paused, dead-letters a request that fails twice (unknown suite, unresolvable revision), and skips
+paused, dead-letters an unknown suite at once and a request that fails twice (unresolvable revision), and skips
 a redelivered request whose result is already published (streams.answered).
 """
 

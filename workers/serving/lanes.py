@@ -3,8 +3,8 @@
 
 A lane is a worker of its own (:func:`run_lane`) or one of the consumer loops that an engine host
 steps in turn on one engine (:func:`lane_loop`, workers.evaluator.worker.EngineHost). Either way
-a request that fails twice (unknown reward or suite, unresolvable revision, failed load) goes to
-the dead-letter topic, an offset is committed only after its result was published, and a
+a request naming an unknown or broken reward or suite is dead-lettered at once (a refusal), one
+that fails twice (unresolvable revision, failed load) goes to the dead-letter topic too, an offset is committed only after its result was published, and a
 redelivered request whose result is already published is skipped (streams.answered).
 """
 
