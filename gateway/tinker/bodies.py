@@ -4,7 +4,7 @@ SDK adds later is ignored, a field this API needs is checked and named when wron
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -97,11 +97,6 @@ class CreateSamplingSessionRequest(Body):
 
 class JoinSamplingSessionRequest(Body):
     sampling_session_id: str = Field(max_length=300)
-
-
-class EncodedText(Body):
-    type: Literal["encoded_text"] = "encoded_text"
-    tokens: list[int]
 
 
 class Chunk(Body):

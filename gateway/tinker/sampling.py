@@ -11,7 +11,9 @@ from schemas.events import InferCompleted, InferRequested
 DEFAULT_SAMPLE_TOKENS = 64
 
 
-def infer_requests(req: SampleRequest, revision: int, request_id: str) -> list[InferRequested]:
+def infer_requests(
+    req: SampleRequest, revision: int, request_id: str, max_tokens: int
+) -> list[InferRequested]:
     """One ``infer.requested`` per sample: the prompt as token ids, the revision pinned, the
     sampled tokens' logprobs asked for; what MinT's engines cannot do is a BadRequest."""
     unsupported = [
@@ -40,6 +42,13 @@ def infer_requests(req: SampleRequest, revision: int, request_id: str) -> list[I
             )
         tokens += chunk.tokens
     sp = req.sampling_params
+    if sp.max_tokens is not None and sp.max_tokens > max_tokens:
+        raise steps.bad(
+            f"sampling_params.max_tokens {sp.max_tokens} is over this gateway's limit of "
+            f"{max_tokens}",
+            "sampling_params.max_tokens",
+            "limit_exceeded",
+        )
     stop = [sp.stop] if isinstance(sp.stop, str) else list(sp.stop or [])
     if any(isinstance(s, int) for s in stop):
         raise steps.bad(
@@ -56,7 +65,7 @@ def infer_requests(req: SampleRequest, revision: int, request_id: str) -> list[I
                 revision=revision,
                 prompt=f"<{len(tokens)} tokens>",
                 prompt_token_ids=tokens,
-                max_tokens=sp.max_tokens or DEFAULT_SAMPLE_TOKENS,
+                max_tokens=sp.max_tokens or min(DEFAULT_SAMPLE_TOKENS, max_tokens),
                 temperature=sp.temperature,
                 top_p=sp.top_p,
                 seed=None if sp.seed is None else sp.seed + i,

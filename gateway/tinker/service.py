@@ -313,7 +313,7 @@ class TinkerApi:
         policy, revision = found["policy"], int(found["rev"])
         await self._check_policy(tenant, policy, str(sid))
         request_id = self._request_id()
-        payloads = sampling.infer_requests(req, revision, request_id)
+        payloads = sampling.infer_requests(req, revision, request_id, self.gw.config.max_tokens)
         self.futures.add(request_id, tenant, "sample")
         task = asyncio.create_task(
             self._run_sample(request_id, Ref(tenant, policy, revision=revision), payloads)
@@ -340,11 +340,11 @@ class TinkerApi:
     async def retrieve(self, tenant: str, request_id: str) -> Outcome | None:
         entry = self.futures.get(request_id, tenant)
         if entry is None:
-            raise ApiErrorNotFound(request_id)
+            raise FutureNotFound(request_id)
         return await self.futures.wait(entry)
 
 
-class ApiErrorNotFound(ApiError):
+class FutureNotFound(ApiError):
     status, type, code = 404, "invalid_request_error", "future_not_found"
 
     def __init__(self, request_id: str) -> None:

@@ -446,3 +446,31 @@ def test_wire_reads_loss_inputs_and_refuses_images() -> None:
     )
     with pytest.raises(wire.WireError, match="image chunk"):
         wire.decode_forward_backward(_fwdbwd_body("tk00000000:train:0", [image]))
+
+
+def test_sampling_refusals_name_the_parameter(world) -> None:
+    catalog, engines, _, url = world
+    service = sdk(url, catalog.add_key("acme"))
+    tc = service.create_lora_training_client(BASE, rank=8, train_unembed=False).result()
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    prompt = types.ModelInput.from_ints([1, 2])
+    refused = {
+        "sampling_params.top_k": dict(sampling_params=types.SamplingParams(top_k=5)),
+        "stop token ids": dict(sampling_params=types.SamplingParams(stop=[2])),
+        "over this gateway's limit": dict(sampling_params=types.SamplingParams(max_tokens=5000)),
+        "prompt_logprobs": dict(
+            sampling_params=types.SamplingParams(), include_prompt_logprobs=True
+        ),
+    }
+    for message, kwargs in refused.items():
+        with pytest.raises(tinker.BadRequestError, match=message):
+            sampler.sample(prompt, 1, **kwargs).result()
+    assert engines.seen == []
+    with httpx.Client(base_url=url) as raw:
+        got = raw.post("/api/v1/create_custom_loss", json={}, headers=_auth(catalog, "acme"))
+        bare = {"session_id": "tk00000000", "base_model": BASE}
+        base = raw.post(
+            "/api/v1/create_sampling_session", json=bare, headers=_auth(catalog, "acme")
+        )
+    assert got.status_code == 400 and "create_custom_loss is not supported" in got.text
+    assert base.status_code == 400 and "bare base model is not supported" in base.text
