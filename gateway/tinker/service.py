@@ -17,7 +17,7 @@ import re
 import secrets
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -46,6 +46,8 @@ log = structlog.get_logger()
 SAMPLER_PATH = re.compile(
     r"^tinker://(?P<policy>[a-z0-9][a-z0-9._-]{0,126})/sampler_weights/[^/@]*@(?P<rev>\d{1,9})$"
 )
+MAX_REMEMBERED = 100_000  # models and saved states this instance keeps in memory
+V = TypeVar("V")
 SAMPLER_ID = re.compile(r"^(?P<policy>[a-z0-9][a-z0-9._-]{0,126})@(?P<rev>\d{1,9})$")
 
 
@@ -59,6 +61,16 @@ class Model:
     rank: int | None = None
     train_attn: bool = True
     train_mlp: bool = True
+
+
+def remember(table: dict[Any, V], key: Any, value: V) -> V:
+    """``table[key] = value``, the oldest entry dropped past MAX_REMEMBERED (a cache: what is
+    dropped is found again in the catalog, or answered by the trainer)."""
+    table.pop(key, None)
+    table[key] = value
+    while len(table) > MAX_REMEMBERED:
+        del table[next(iter(table))]
+    return value
 
 
 def policy_of(model_id: str) -> str | None:
@@ -132,7 +144,7 @@ class TinkerApi:
         # Created through another instance (or before a restart): the catalog knows the policy.
         await self.gw.target(Ref(tenant, policy, alias="prod"), str(model_id))
         base = self.base_models[0] if self.base_models else ""
-        return self._models.setdefault((tenant, policy), Model(str(model_id), policy, base))
+        return remember(self._models, (tenant, policy), Model(str(model_id), policy, base))
 
     def info(self, model: Model) -> dict[str, Any]:
         return {
@@ -203,7 +215,7 @@ class TinkerApi:
             self._request_id(), "create", req.base_model, lora=lora, seed=req.lora_config.seed
         )
         out = await self._submit(tenant, model, cmd)
-        self._models[(tenant, policy)] = model
+        remember(self._models, (tenant, policy), model)
         return out
 
     async def forward_backward(self, tenant: str, req: FwdBwdRequest) -> dict[str, Any]:
@@ -269,7 +281,7 @@ class TinkerApi:
             and isinstance(outcome, Done)
             and outcome.json
         ):
-            self._states[(entry.tenant, outcome.json["path"])] = payload.state_uri
+            remember(self._states, (entry.tenant, outcome.json["path"]), payload.state_uri)
         return outcome
 
     # ------------------------------------------------------------------ sampling
