@@ -72,12 +72,13 @@ def make_adapter(model: Path, out: Path) -> Path:
     return out
 
 
-def start_gateway(settings, log: Path):
+def start_gateway(settings, log: Path, model: Path = Path(".")):
+    """`mint gateway` as its own process; ``model`` is the base it offers (MINT_BASE_MODEL)."""
     from gateway.main import _free_port
     from mint.dev.workers import Workers
 
     port = _free_port("127.0.0.1")
-    env = Workers(settings, Path("."), log.parent).env()
+    env = Workers(settings, model, log.parent).env()
     proc = subprocess.Popen(
         [
             sys.executable,

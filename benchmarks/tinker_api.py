@@ -1,0 +1,228 @@
+"""What the Tinker front door costs: supervised LoRA steps through the official ``tinker`` SDK →
+HTTP (`mint gateway`, its own process) → Kafka ``train.steps`` → the trainer worker (its own
+process; it checkpoints the policy after each optim_step) → ``train.step.results`` → the SDK,
+against the same trainer code called in-process (``forward_datums`` + ``optim_step``).
+
+Both paths run the same batch (SmolLM2-135M-Instruct, 8 sequences of 128 tokens, LoRA rank 8 on
+attention and MLP, AdamW lr 1e-4) with the same torch thread count; their steps alternate, so
+machine load falls on both alike. A step is ``forward_backward`` + ``optim_step``: the SDK sends
+both at once and waits for both, as Tinker code does. Prints ONE JSON line: overhead ratio
+(median SDK step / median in-process step; target ≤ 1.25×), calls/s through the API, p50/p99 per
+call.
+
+    python benchmarks/tinker_api.py            # SmolLM2-135M-Instruct, 8 × 128 tokens, 10 steps
+    python benchmarks/tinker_api.py --smoke    # tiny Llama, 2 × 32 tokens, 3 steps (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.gateway_latency import pct, start_gateway, wait_ready  # noqa: E402
+from benchmarks.report import targets_and_met  # noqa: E402
+
+TARGET_OVERHEAD = 1.25
+ATTN_MLP = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def sequences(tokenizer, count: int, length: int) -> list[list[int]]:
+    """``count`` sequences of ``length + 1`` real tokens (arithmetic sums written out)."""
+    text = " ".join(f"{a} plus {b} is {a + b}." for a in range(10) for b in range(10))
+    ids = tokenizer(text)["input_ids"]
+    return [ids[i * 7 : i * 7 + length + 1] for i in range(count)]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny Llama, 2 × 32 tokens, 3 steps")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps per path (default 10)")
+    ap.add_argument("--sequences", type=int, default=None, help="sequences per step (default 8)")
+    ap.add_argument("--tokens", type=int, default=None, help="tokens per sequence (default 128)")
+    ap.add_argument("--rank", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads of both paths")
+    args = ap.parse_args()
+    steps = args.steps or (3 if args.smoke else 10)
+    count = args.sequences or (2 if args.smoke else 8)
+    length = args.tokens or (32 if args.smoke else 128)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    import tinker
+    import torch
+    from tinker import types
+    from transformers import AutoTokenizer
+
+    from catalog.access import AccessRepository
+    from catalog.cluster import connect
+    from catalog.migrate import migrate
+    from catalog.store import AdapterStore
+    from mint.dev.workers import Sizes, Workers
+    from schemas.events.steps import StepDatum
+    from schemas.logs import configure_logging
+    from schemas.settings import MintSettings
+    from streams.topics import delete_topics, ensure_topics
+    from workers.models import TinySpec, build_tiny
+    from workers.trainer.config import TrainerConfig
+    from workers.trainer.engine import MultiPolicyTrainer
+    from workers.trainer.policies import LoraShape
+
+    configure_logging("WARNING", "console")
+    work = Path(tempfile.mkdtemp(prefix="mint-tinker-bench-"))
+    tag = uuid.uuid4().hex[:8]
+    base = MintSettings()
+    if args.smoke:
+        model, model_name = build_tiny(TinySpec("llama", "test"), work / "llama"), "tiny-llama"
+    else:
+        from workers.models.pretrained import fetch
+
+        model, model_name = fetch("smollm2-135m-instruct", base.models_dir), "smollm2-135m"
+    settings = base.model_copy(
+        update={
+            "topic_prefix": f"bench-tk-{tag}",
+            "keyspace": f"bench_tk_{tag}",
+            "store_uri": str(work / "store"),
+            "state_dir": work / "state",
+            "base_model": str(model),
+        }
+    )
+    ensure_topics(settings)
+    cluster, session = connect(settings)
+    workers = gateway = trainer = None
+    try:
+        migrate(session, settings.keyspace, settings.keyspace_replication)
+        access = AccessRepository(session, settings.keyspace)
+        access.create_tenant("bench", rate_per_s=1e6, burst=1_000_000)
+        key, _ = access.create_key("bench", name="bench")
+        workers = Workers(settings, model, work / "logs", Sizes(trainer_threads=args.threads))
+        workers.start_worker("trainer")
+        gateway, url = start_gateway(settings, work / "logs" / "gateway.log", model)
+        wait_ready(url, gateway, work / "logs" / "gateway.log")
+
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        seqs = sequences(tokenizer, count, length)
+        batch = [
+            types.Datum(
+                model_input=types.ModelInput.from_ints(s[:-1]),
+                loss_fn_inputs={"target_tokens": s[1:], "weights": [1.0] * (len(s) - 1)},
+            )
+            for s in seqs
+        ]
+        datums = [
+            StepDatum(tokens=s[:-1], target_tokens=s[1:], weights=[1.0] * (len(s) - 1))
+            for s in seqs
+        ]
+        adam = types.AdamParams(learning_rate=1e-4)
+        adam_fields = {"learning_rate": 1e-4, "beta1": adam.beta1, "beta2": adam.beta2}
+        adam_fields |= {"eps": adam.eps, "weight_decay": 0.0, "grad_clip_norm": 0.0}
+
+        service = tinker.ServiceClient(base_url=url, api_key=f"tml-{key.text}")
+        tc = service.create_lora_training_client(
+            str(model), rank=args.rank, seed=0, train_unembed=False
+        ).result(timeout=900)
+
+        torch.set_num_threads(args.threads)
+        trainer = MultiPolicyTrainer(
+            TrainerConfig(base_model=str(model), torch_threads=args.threads),
+            AdapterStore(work / "inproc-store"),
+        )
+        shape = LoraShape(rank=args.rank, alpha=2.0 * args.rank, target_modules=ATTN_MLP)
+        trainer.add_policy("bench/inproc", shape, seed=0)
+
+        call_ms: dict[str, list[float]] = {"forward_backward": [], "optim_step": []}
+
+        def sdk_step() -> tuple[float, float]:
+            t0 = time.perf_counter()
+            fb = tc.forward_backward(batch, "cross_entropy")
+            opt = tc.optim_step(adam)
+            out = fb.result(timeout=900)
+            call_ms["forward_backward"].append((time.perf_counter() - t0) * 1000)
+            opt.result(timeout=900)
+            call_ms["optim_step"].append((time.perf_counter() - t0) * 1000)
+            return time.perf_counter() - t0, out.metrics["loss:sum"]
+
+        def inproc_step() -> tuple[float, float]:
+            t0 = time.perf_counter()
+            loss, _, _ = trainer.forward_datums("bench/inproc", datums, "cross_entropy", {}, True)
+            trainer.optim_step("bench/inproc", adam_fields)
+            return time.perf_counter() - t0, loss
+
+        sdk_step(), inproc_step()  # warm both (the worker loads its base on the first call)
+        for name in call_ms:
+            call_ms[name].clear()
+        sdk_s, inproc_s, sdk_loss, inproc_loss = [], [], [], []
+        started = time.perf_counter()
+        sdk_total = 0.0
+        for i in range(steps):
+            s, loss = sdk_step()
+            sdk_s.append(s)
+            sdk_total += s
+            sdk_loss.append(loss)
+            s, loss = inproc_step()
+            inproc_s.append(s)
+            inproc_loss.append(loss)
+            print(
+                f"step {i + 1}/{steps}: sdk {sdk_s[-1]:.2f} s (loss {sdk_loss[-1]:.3f}), "
+                f"in-process {inproc_s[-1]:.2f} s (loss {inproc_loss[-1]:.3f})",
+                file=sys.stderr,
+            )
+        ratio = statistics.median(sdk_s) / statistics.median(inproc_s)
+        out = {
+            "benchmark": "tinker_api",
+            "smoke": args.smoke,
+            "model": model_name,
+            "batch": {"sequences": count, "tokens": length, "rank": args.rank},
+            "steps": steps,
+            "threads": args.threads,
+            "overhead_ratio": round(ratio, 3),
+            "step_s": {
+                "sdk_median": round(statistics.median(sdk_s), 3),
+                "inprocess_median": round(statistics.median(inproc_s), 3),
+            },
+            "calls_per_s": round(2 * steps / sdk_total, 3),
+            "call_ms": {
+                name: {"p50": round(pct(v, 0.5), 1), "p99": round(pct(v, 0.99), 1)}
+                for name, v in call_ms.items()
+            },
+            "loss": {
+                "sdk_first": round(sdk_loss[0], 4),
+                "sdk_last": round(sdk_loss[-1], 4),
+                "inprocess_first": round(inproc_loss[0], 4),
+                "inprocess_last": round(inproc_loss[-1], 4),
+            },
+            "wall_s": round(time.perf_counter() - started, 1),
+            **targets_and_met(overhead_ratio=(ratio, "<=", TARGET_OVERHEAD)),
+        }
+        service.close("success").result(timeout=60)
+        print(json.dumps(out))
+        return 0 if all(out["met"].values()) else 1
+    finally:
+        if trainer is not None:
+            trainer.close()
+        if gateway is not None and gateway.poll() is None:
+            os.killpg(gateway.pid, signal.SIGTERM)
+            gateway.wait(timeout=30)
+        if workers is not None:
+            workers.stop_all()
+        session.execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}", timeout=120)
+        cluster.shutdown()
+        try:
+            delete_topics(settings)
+        except Exception as e:  # cleanup only
+            print(f"could not delete the benchmark's topics: {e}", file=sys.stderr)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
