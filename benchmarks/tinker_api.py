@@ -128,9 +128,9 @@ def main() -> int:
         adam_fields |= {"eps": adam.eps, "weight_decay": 0.0, "grad_clip_norm": 0.0}
 
         service = tinker.ServiceClient(base_url=url, api_key=f"tml-{key.text}")
-        tc = service.create_lora_training_client(
-            str(model), rank=args.rank, seed=0, train_unembed=False
-        ).result(timeout=900)
+        tc = service.create_lora_training_client(str(model), rank=args.rank, seed=0).result(
+            timeout=900
+        )
 
         torch.set_num_threads(args.threads)
         trainer = MultiPolicyTrainer(

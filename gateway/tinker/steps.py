@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import structlog
 from pydantic import BaseModel, ValidationError
 
 from gateway.errors import BadRequest
@@ -28,6 +29,9 @@ LOSSES = tuple(LOSS_INPUTS)
 DATUM_INPUTS = ("target_tokens", "weights", "logprobs", "advantages")
 # The SDK folds the metrics of a batch's calls by their ``name:reduction`` suffix (a name without
 # one breaks it); the trainer's names (schemas.names.MetricName) have none: they are means.
+
+
+log = structlog.get_logger()
 
 
 def bad(message: str, param: str | None = None, code: str = "invalid_value") -> BadRequest:
@@ -53,13 +57,11 @@ def lora_spec(config: LoraConfig | None) -> LoraSpec:
             "(use ServiceClient.create_lora_training_client)",
             "lora_config",
         )
+    # Tinker's own default is train_unembed=True, so refusing it would break the SDK's default
+    # call. The unembedding stays frozen: vLLM serves no LoRA on lm_head (and SmolLM2 ties it to
+    # the embeddings). The README's compatibility table says so; the gateway logs it per model.
     if config.train_unembed:
-        raise bad(
-            "lora_config.train_unembed: a LoRA on the unembedding layer is not supported "
-            "by MinT; pass train_unembed=False",
-            "lora_config.train_unembed",
-            "unsupported_parameter",
-        )
+        log.info("tinker_train_unembed_ignored", rank=config.rank)
     modules = (ATTN_MODULES if config.train_attn else []) + (
         MLP_MODULES if config.train_mlp else []
     )

@@ -244,10 +244,11 @@ def test_sdk_trains_saves_and_samples_through_the_step_contract(world) -> None:
 def test_unsupported_loss_and_lora_shapes_are_clear_400s(world) -> None:
     catalog, _, trainer, url = world
     service = sdk(url, catalog.add_key("acme"))
-    with pytest.raises(tinker.BadRequestError, match="train_unembed"):
-        service.create_lora_training_client(
-            BASE, rank=8
-        ).result()  # Tinker's default trains unembed
+    # Tinker's defaults (train_unembed=True): accepted, attention and MLP trained
+    service.create_lora_training_client(BASE, rank=8).result()
+    assert trainer.seen[-1].payload.lora.target_modules == [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"
+    ]  # fmt: skip
     with pytest.raises(tinker.BadRequestError, match="rank"):
         service.create_lora_training_client(BASE, rank=65, train_unembed=False).result()
     with pytest.raises(tinker.BadRequestError, match="not served here"):
