@@ -5,6 +5,8 @@ on the model, and the saved weights sample on a real vLLM engine."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import pytest
 import tinker
@@ -85,3 +87,18 @@ def test_saved_weights_sample_on_the_engine(trained, tk_engine) -> None:
     for seq in got.sequences:
         assert 1 <= len(seq.tokens) <= 6 and len(seq.logprobs) == len(seq.tokens)
         assert all(lp <= 0 for lp in seq.logprobs)
+
+
+def test_the_readme_example_runs_as_written(tk_gateway, tk_engine, tenant_key) -> None:
+    """README "Train your own task": its Python block, verbatim, with a key and the SDK alone."""
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    section = readme.split("### Train your own task", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    _, key = tenant_key()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("TINKER_BASE_URL", tk_gateway)
+        env.setenv("TINKER_API_KEY", key)
+        scope: dict = {}
+        exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 - the README's own example
+    assert len(scope["out"].sequences) == 4
+    assert all(len(s.tokens) == len(s.logprobs) >= 1 for s in scope["out"].sequences)
