@@ -36,15 +36,13 @@ from kafka.consumer.fetcher import ConsumerRecord
 
 from schemas.settings import MintSettings
 from streams.clients import make_consumer
+from streams.polling import CommitOutcome, commit_offsets, poll_records
 from streams.records import (
-    CommitOutcome,
     ConsumerStats,
     Handler,
     RecordLoop,
     RetryPolicy,
     Stopped,
-    commit_offsets,
-    poll_records,
 )
 
 log = structlog.get_logger()

@@ -40,17 +40,15 @@ from streams.clients import make_consumer
 from streams.deferred import DeferredWork
 from streams.follower import Follower, Since
 from streams.metrics import ConsumerGauges
+from streams.polling import MembershipWatch, commit_offsets, poll_records
 from streams.producer import EventProducer
 from streams.records import (
     ConsumerStats,
     Handler,
-    MembershipWatch,
     RecordLoop,
     RetryPolicy,
     RunHandler,
     Stopped,
-    commit_offsets,
-    poll_records,
 )
 from streams.topics import topic_for
 

@@ -31,7 +31,8 @@ from schemas.envelope import Envelope
 from schemas.registry import encode_event
 from schemas.settings import MintSettings
 from streams.clients import make_consumer, make_producer
-from streams.records import ConsumerStats, RecordLoop, RetryPolicy, Stopped, poll_records
+from streams.polling import poll_records
+from streams.records import ConsumerStats, RecordLoop, RetryPolicy, Stopped
 from streams.topics import DLQ, topic_for, topic_for_type
 
 log = structlog.get_logger()

@@ -22,7 +22,8 @@ from schemas.examples import example_payload
 from schemas.settings import MintSettings
 from streams import TOPICS, RetryPolicy, StreamsError, TopicError, topic_for, topic_for_type
 from streams.exceptions import OutOfGroup
-from streams.records import MembershipWatch, RecordLoop, commit_offsets, dead_letter, poll_records
+from streams.polling import MembershipWatch, commit_offsets, poll_records
+from streams.records import RecordLoop, dead_letter
 from streams.replay import Window, fresh_group, load_processor
 
 SETTINGS = MintSettings(topic_prefix="unit")
