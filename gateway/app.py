@@ -32,6 +32,7 @@ from catalog.exceptions import CatalogUnavailable
 from gateway import responses
 from gateway.api import ChatRequest, CompletionRequest, parse_json, validate
 from gateway.errors import ApiError, BadRequest, Unavailable
+from gateway.lifecycle import build_router as lifecycle_router
 from gateway.metrics import GatewayMetrics
 from gateway.refs import parse_model
 from gateway.service import Gateway
@@ -165,6 +166,7 @@ def create_app(gw: Gateway) -> FastAPI:
     app.add_middleware(Measure, metrics=metrics)
     if gw.tinker is not None:  # the Tinker SDK's /api/v1 (gateway/tinker)
         app.include_router(build_router(gw.tinker))
+    app.include_router(lifecycle_router(gw))  # /mint/v1: a tenant's own policies
 
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, e: ApiError) -> JSONResponse:

@@ -9,7 +9,8 @@ host several deployments without one reading another's topics.
   topic), joins only consumer groups named ``<prefix>-<its groups>``, and may create and describe
   (never read or write) the deployment's other topics, so that ``ensure_topics`` works;
 - ``gateway`` (the OpenAI front door) writes ``infer.requests`` and reads ``infer.results``
-  without a consumer group;
+  without a consumer group, and writes tenants' serving commands (``serving.commands``) and
+  reads their answers (``serving.events``), also without a group;
 - ``upstream`` (systems that submit work) writes only the request topics;
 - ``downstream`` (systems that take serving results) reads only ``infer.results``, in groups
   ``<prefix>-downstream*``: every tenant's answers, for a system the operators run;
@@ -100,9 +101,11 @@ PRINCIPALS: dict[str, Grants] = {
         groups=("serving", "rollout", "evaluator"),
     ),
     # The OpenAI gateway (`mint gateway`): asks the engines, follows their answers without a
-    # group (each instance takes only its own; gateway/README.md).
+    # group (each instance takes only its own; gateway/README.md); a tenant's promote/rollback
+    # goes to the controller as a serving command, answered on serving.events (gateway/lifecycle).
     "gateway": Grants(
-        reads=("infer.results", "train.step.results"), writes=("infer.requests", "train.steps")
+        reads=("infer.results", "train.step.results", "serving.events"),
+        writes=("infer.requests", "train.steps", "serving.commands"),
     ),
     "upstream": Grants(writes=REQUESTS),
     "downstream": Grants(reads=("infer.results",), groups=("downstream",)),

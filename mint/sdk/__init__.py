@@ -1,8 +1,10 @@
 """The MinT SDK: a client whose verbs are events (create_policy, train, rollout, update,
-evaluate, promote, rollback, infer, history, wait_for) and Tinker-style verbs on top."""
+evaluate, promote, rollback, infer, history, wait_for) and Tinker-style verbs on top; a tenant's
+client over HTTP with an API key alone: ``MintClient.remote(base_url, api_key)`` (mint.sdk.remote)."""
 
 from mint.sdk.client import MintClient
 from mint.sdk.exceptions import CommandRefused, MintError, RequestFailed, WaitTimeout
+from mint.sdk.remote import RemoteError, RemoteMintClient
 from mint.sdk.tinker import (
     AdamParams,
     Datum,
@@ -20,6 +22,8 @@ __all__ = [
     "Datum",
     "MintClient",
     "MintError",
+    "RemoteError",
+    "RemoteMintClient",
     "RequestFailed",
     "Rollouts",
     "Round",

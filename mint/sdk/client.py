@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -38,6 +38,9 @@ from schemas.events import (
 from schemas.settings import MintSettings
 from streams.producer import EventProducer
 from streams.topics import ensure_topics
+
+if TYPE_CHECKING:
+    from mint.sdk.remote import RemoteMintClient
 
 log = structlog.get_logger()
 
@@ -64,6 +67,15 @@ class MintClient(TrainingVerbs):
         self._catalog: Any = None
         self._cluster: Any = None
         self.base_models: dict[str, str] = {}
+
+    @staticmethod
+    def remote(base_url: str, api_key: str, **kw: Any) -> RemoteMintClient:
+        """A tenant's client over HTTP: the gateway's URL and an API key, no Kafka or Cassandra
+        credentials (mint.sdk.remote: policies, revisions, aliases, promote, rollback, infer;
+        training over HTTP is the Tinker API). This class is the operators' direct mode."""
+        from mint.sdk.remote import RemoteMintClient
+
+        return RemoteMintClient(base_url, api_key, **kw)
 
     # ------------------------------------------------------------------ plumbing
 

@@ -64,7 +64,8 @@ def test_every_worker_group_and_source_topic_is_granted(acls) -> None:
         ("operator", "WRITE", "serving.events"),
         ("gateway", "WRITE", "infer.results"),  # answers come from the engines only
         ("gateway", "READ", "infer.requests"),
-        ("gateway", "WRITE", "serving.commands"),
+        ("gateway", "WRITE", "serving.events"),  # only the controller answers commands
+        ("gateway", "WRITE", "policy.config"),
         ("gateway", "WRITE", "rollout.requests"),
     ],
 )
@@ -100,6 +101,9 @@ def test_gateway_asks_engines_and_follows_answers_without_a_group(acls) -> None:
     assert PRINCIPAL_OF["gateway"] == "gateway" and ROLES["gateway"] == ("SELECT",)
     assert _allowed(acls, "gateway", "WRITE", "TOPIC", "t1.infer.requests")
     assert _allowed(acls, "gateway", "READ", "TOPIC", "t1.infer.results")
+    # a tenant's promote/rollback (gateway/lifecycle): the command out, the controller's answer in
+    assert _allowed(acls, "gateway", "WRITE", "TOPIC", "t1.serving.commands")
+    assert _allowed(acls, "gateway", "READ", "TOPIC", "t1.serving.events")
     assert not any(
         _allowed(acls, "gateway", "READ", "GROUP", f"t1-{g}")
         for g in ("serving", "downstream", "gateway", "operator")

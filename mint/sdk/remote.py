@@ -1,0 +1,266 @@
+"""MintClient over HTTP: a tenant's lifecycle verbs with its API key alone (no Kafka, no
+Cassandra credentials), through the gateway's ``/mint/v1`` and OpenAI endpoints.
+
+    with MintClient.remote("https://mint.example.com", api_key="mint_…") as mint:
+        print([p.policy for p in mint.policies()])
+        print([r.revision for r in mint.revisions("math-rl")])
+        mint.promote("math-rl", 7)                 # through the controller, like an operator's
+        print(mint.infer("math-rl", "2+2=").text)  # /v1/completions on math-rl@prod
+        mint.rollback("math-rl")
+
+The verbs keep the direct client's names and arguments; the tenant is the key's. A promote or
+rollback is a serving command the controller carries out (compare-and-set on the alias); a
+refusal raises CommandRefused with the alias's ``current_revision``, no answer in time raises
+WaitTimeout (the command stays queued: check ``aliases()`` before sending it again).
+
+Training over HTTP is the Tinker API that the same gateway serves under ``/api/v1`` (README,
+"Train your own task"): the official ``tinker`` SDK with ``TINKER_API_KEY=tml-<MinT key>``.
+A policy's lifecycle configuration (suite, gate) is set by the operators
+(``mint policies configure``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import httpx
+
+from mint.sdk.exceptions import CommandRefused, MintError, WaitTimeout
+
+API = "/mint/v1"
+
+
+class RemoteError(MintError):
+    """The gateway answered with an error: ``status`` and ``code`` as it sent them."""
+
+    def __init__(self, message: str, *, status: int, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code = status, code
+
+
+def _time(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value) if value else None
+
+
+@dataclass(frozen=True)
+class PolicyInfo:
+    policy: str
+    base_model: str
+    created_at: datetime | None
+    retired_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class RevisionInfo:
+    revision: int
+    digest: str
+    parent_revision: int | None
+    base_model: str
+    created_at: datetime | None
+    created_by: str
+
+
+@dataclass(frozen=True)
+class AliasInfo:
+    alias: str
+    revision: int | None
+    seq: int
+    moved_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Moved:
+    """An alias move the controller carried out (its ``alias.moved``)."""
+
+    policy: str
+    alias: str
+    from_revision: int | None
+    to_revision: int
+    cause: str
+    event_id: str
+
+    @property
+    def payload(self) -> Moved:  # reads like the direct client's Envelope[AliasMoved]
+        return self
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One answer of ``infer``: the text and the revision that wrote it."""
+
+    text: str
+    revision: int | None
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    engine_ms: float | None
+
+
+class RemoteMintClient:
+    """A tenant's client over HTTP (see the module docstring); ``http`` replaces the client
+    this makes (tests pass Starlette's TestClient or one on an httpx.MockTransport)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout_s: float = 60.0,
+        http: httpx.Client | None = None,
+    ) -> None:
+        if not api_key or not api_key.startswith("mint_"):
+            raise ValueError(
+                "api_key: expected a MinT key 'mint_<key id>_<secret>' (from the operators' "
+                "`mint keys create`)"
+            )
+        self.base_url, self.timeout_s = base_url.rstrip("/"), timeout_s
+        self._own = http is None
+        self.http = http or httpx.Client(base_url=self.base_url, timeout=timeout_s + 5)
+        self.http.headers["Authorization"] = f"Bearer {api_key}"
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            r = self.http.request(method, path, **kw)
+        except httpx.HTTPError as e:
+            raise MintError(f"{method} {self.base_url}{path}: {type(e).__name__}: {e}") from e
+        if r.status_code < 400:
+            return r
+        try:
+            err = r.json()["error"]
+            message, code = str(err.get("message")), err.get("code")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            err, message, code = {}, r.text[:300] or r.reason_phrase, None
+        if r.status_code == 409 and code == "move_refused":
+            raise CommandRefused(message, current_revision=err.get("current_revision"))
+        if r.status_code == 504:
+            raise WaitTimeout(message)
+        raise RemoteError(
+            f"{method} {path}: {r.status_code} {message}", status=r.status_code, code=code
+        )
+
+    def close(self) -> None:
+        if self._own:
+            self.http.close()
+
+    def __enter__(self) -> RemoteMintClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ catalog reads
+
+    def policies(self) -> list[PolicyInfo]:
+        data = self._call("GET", f"{API}/policies").json()["data"]
+        return [
+            PolicyInfo(d["policy"], d["base_model"], _time(d["created_at"]), _time(d["retired_at"]))
+            for d in data
+        ]
+
+    def revisions(self, policy: str, limit: int = 100) -> list[RevisionInfo]:
+        """The policy's revisions, newest first (at most ``limit``, up to 500)."""
+        data = self._call("GET", f"{API}/policies/{policy}/revisions", params={"limit": limit})
+        return [
+            RevisionInfo(
+                d["revision"],
+                d["digest"],
+                d["parent_revision"],
+                d["base_model"],
+                _time(d["created_at"]),
+                d["created_by"],
+            )
+            for d in data.json()["data"]
+        ]
+
+    def latest_revision(self, policy: str) -> int | None:
+        rows = self.revisions(policy, limit=1)
+        return rows[0].revision if rows else None
+
+    def aliases(self, policy: str) -> list[AliasInfo]:
+        data = self._call("GET", f"{API}/policies/{policy}/aliases").json()["data"]
+        return [AliasInfo(d["alias"], d["revision"], d["seq"], _time(d["moved_at"])) for d in data]
+
+    # ------------------------------------------------------------------ alias moves
+
+    def _move(self, policy: str, verb: str, body: dict[str, Any]) -> Moved:
+        r = self._call("POST", f"{API}/policies/{policy}/{verb}", json=body)
+        d = r.json()
+        return Moved(
+            d["policy"], d["alias"], d["from_revision"], d["to_revision"], d["cause"], d["event_id"]
+        )
+
+    def promote(
+        self,
+        policy: str,
+        revision: int,
+        *,
+        alias: str = "prod",
+        expected_revision: int | None = None,
+        reason: str = "",
+    ) -> Moved:
+        """Move ``alias`` to ``revision`` (through the controller, by compare-and-set)."""
+        body = {"alias": alias, "revision": revision, "reason": reason}
+        if expected_revision is not None:
+            body["expected_revision"] = expected_revision
+        return self._move(policy, "promote", body)
+
+    def rollback(
+        self,
+        policy: str,
+        *,
+        alias: str = "prod",
+        to_revision: int | None = None,
+        reason: str = "",
+        expected_revision: int | None = None,
+    ) -> Moved:
+        """Move ``alias`` back to its previous revision (or ``to_revision``)."""
+        body: dict[str, Any] = {"alias": alias, "reason": reason}
+        if to_revision is not None:
+            body["to_revision"] = to_revision
+        if expected_revision is not None:
+            body["expected_revision"] = expected_revision
+        return self._move(policy, "rollback", body)
+
+    # ------------------------------------------------------------------ inference
+
+    def infer(
+        self,
+        policy: str,
+        prompt: str,
+        *,
+        alias: str = "prod",
+        revision: int | None = None,
+        max_tokens: int = 8,
+        temperature: float = 0.0,
+        chat: bool = False,
+    ) -> Completion:
+        """Answer a prompt with ``policy@alias`` (or a pinned revision) through the gateway's
+        ``/v1/completions`` (``chat``: ``/v1/chat/completions``, one user turn)."""
+        model = f"{policy}@{revision if revision is not None else alias}"
+        body: dict[str, Any] = {
+            "model": model,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+        }
+        if chat:
+            body["messages"] = [{"role": "user", "content": prompt}]
+        else:
+            body["prompt"] = prompt
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        r = self._call("POST", path, json=body)
+        choice, usage = r.json()["choices"][0], r.json().get("usage") or {}
+        text = choice["message"]["content"] if chat else choice["text"]
+        rev = r.headers.get("x-mint-revision", "")
+        ms = r.headers.get("x-mint-engine-ms")
+        return Completion(
+            text=text,
+            revision=int(rev) if rev.isdigit() else None,
+            finish_reason=choice.get("finish_reason"),
+            prompt_tokens=int(usage.get("prompt_tokens", 0)),
+            completion_tokens=int(usage.get("completion_tokens", 0)),
+            engine_ms=float(ms) if ms else None,
+        )

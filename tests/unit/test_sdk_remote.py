@@ -1,0 +1,95 @@
+"""MintClient's HTTP mode (mint/sdk/remote.py) against the real gateway app with a fake catalog,
+fake engines and fake serving commands (Starlette's TestClient as its HTTP client): the verbs,
+and the gateway's errors as the SDK's exceptions."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from gateway import GatewayConfig, create_app
+from gateway.service import Gateway
+from mint.sdk import CommandRefused, MintClient, MintError, RemoteError, RemoteMintClient
+from mint.sdk.exceptions import WaitTimeout
+from tests.unit.test_gateway_app import FakeCatalog, FakeEngines
+from tests.unit.test_gateway_lifecycle import FakeCommands, FakeRepo
+
+
+@pytest.fixture
+def world():
+    catalog, commands, engines = FakeCatalog(), FakeCommands(), FakeEngines()
+    catalog.catalog = FakeRepo()
+    gw = Gateway(GatewayConfig(instance_id="gw-test"), catalog, engines)
+    gw.lifecycle_commands = commands
+    with TestClient(create_app(gw)) as http:
+        yield catalog, commands, engines, http
+
+
+def remote(catalog, http, tenant: str = "acme") -> RemoteMintClient:
+    return MintClient.remote("http://testserver", catalog.add_key(tenant), http=http)
+
+
+def test_reads_and_moves_through_the_gateway(world) -> None:
+    catalog, commands, _, http = world
+    mint = remote(catalog, http)
+    assert [p.policy for p in mint.policies()] == ["code", "math"]
+    assert [r.revision for r in mint.revisions("math")] == [2, 1]
+    assert mint.latest_revision("math") == 2 and mint.latest_revision("code") is None
+    assert [(a.alias, a.revision) for a in mint.aliases("math")] == [("prod", 1)]
+    moved = mint.promote("math", 2, expected_revision=1, reason="better")
+    assert (moved.alias, moved.from_revision, moved.to_revision) == ("prod", 1, 2)
+    assert moved.payload.cause == "promote"  # reads like the direct client's envelope
+    back = mint.rollback("math", to_revision=1)
+    assert back.to_revision == 1 and back.cause == "rollback"
+    assert [e.payload.alias for e in commands.sent] == ["prod", "prod"]
+    assert commands.sent[0].payload.expected_revision == 1
+    assert commands.sent[1].payload.to_revision == 1
+
+
+def test_gateway_errors_become_the_sdks_exceptions(world) -> None:
+    catalog, commands, _, http = world
+    mint = remote(catalog, http)
+    with pytest.raises(RemoteError) as missing:
+        mint.revisions("secret")  # globex's: the same 404 as a missing policy
+    assert missing.value.status == 404 and missing.value.code == "policy_not_found"
+    commands.refuse = "alias prod is at revision 2, not the expected 1"
+    with pytest.raises(CommandRefused) as refused:
+        mint.promote("math", 1, expected_revision=1)
+    assert refused.value.current_revision == 2 and "not the expected 1" in str(refused.value)
+    commands.refuse, commands.silent = None, True
+    with pytest.raises(WaitTimeout):
+        mint.rollback("math")
+    with pytest.raises(RemoteError) as bad:
+        mint.promote("math", 1, alias="not an alias")
+    assert bad.value.status == 400 and "alias" in str(bad.value)
+    stranger = RemoteMintClient("http://testserver", "mint_nobody_secret", http=http)
+    with pytest.raises(RemoteError) as who:
+        stranger.policies()
+    assert who.value.status == 401
+
+
+def test_infer_goes_through_the_openai_endpoints(world) -> None:
+    catalog, _, engines, http = world
+    mint = remote(catalog, http)
+    done = mint.infer("math", "2+2=", max_tokens=4)
+    assert done.text == "re:2+2=" and done.revision == 1 and done.completion_tokens == 2
+    chat = mint.infer("math", "hello", revision=2, chat=True)
+    assert chat.text == "re:hello" and chat.revision == 2
+    first, second = (e.payload for e in engines.seen)
+    assert (first.alias, first.max_tokens, first.temperature, first.chat) == ("prod", 4, 0.0, False)
+    assert second.revision == 2 and second.chat
+    assert {e.tenant for e in engines.seen} == {"acme"}
+
+
+def test_bad_keys_and_unreachable_gateways_are_clear_errors() -> None:
+    with pytest.raises(ValueError, match="api_key"):
+        MintClient.remote("http://gw", "")
+
+    def down(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    http = httpx.Client(base_url="http://gw", transport=httpx.MockTransport(down))
+    mint = RemoteMintClient("http://gw", "mint_k_s", http=http)
+    with pytest.raises(MintError, match="ConnectError"):
+        mint.policies()
