@@ -1,0 +1,81 @@
+"""A tenant's lifecycle with its API key alone (MintClient.remote) on real Kafka and Cassandra: a
+gateway in this process (gateway.main.ThreadedServer), a real controller worker. The operator
+makes the tenants and keys and the catalog holds a policy with two revisions; the tenant lists
+them, promotes, and rolls back through the gateway (serving commands the controller carries
+out), and another tenant's key gets the same 404 as for a missing policy."""
+
+from __future__ import annotations
+
+import pytest
+
+from catalog.access import AccessRepository
+from catalog.repository import CatalogRepository
+from gateway.config import GatewayConfig
+from gateway.main import ThreadedServer, build
+from mint.sdk import CommandRefused, MintClient, RemoteError
+
+pytestmark = pytest.mark.integration
+
+
+def test_tenant_lists_promotes_and_rolls_back_with_a_key_alone(
+    settings, live, procs, monkeypatch
+) -> None:
+    import gateway.lifecycle
+
+    # the first command may wait for the controller to start on a busy CPU (it stays queued)
+    monkeypatch.setattr(gateway.lifecycle, "MOVE_TIMEOUT_S", 120.0)
+    repo, access = (
+        CatalogRepository(live, settings.keyspace),
+        AccessRepository(live, settings.keyspace),
+    )
+    repo.create_policy("acme", "math", "tiny", by="test")
+    for n in (1, 2):
+        repo.register_revision(
+            "acme",
+            "math",
+            digest="sha256:" + f"{n:02x}" * 32,
+            store_uri=f"file:///store/acme/math/adapters/{n}",
+            by="test",
+        )
+    keys = {}
+    for tenant in ("acme", "globex"):
+        access.create_tenant(tenant, by="test")
+        keys[tenant] = access.create_key(tenant, name="remote", by="test")[0].text
+    controller = procs(settings, "controller", "controller")
+    config = GatewayConfig(port=0, instance_id="gw-remote", key_ttl_s=1.0, catalog_ttl_s=1.0)
+    server = ThreadedServer(build(settings, config)).start()
+    try:
+        with MintClient.remote(server.url, keys["acme"], timeout_s=150) as mint:
+            assert [p.policy for p in mint.policies()] == ["math"]
+            assert [r.revision for r in mint.revisions("math")] == [2, 1]
+            assert mint.aliases("math") == []
+            first = mint.promote("math", 1, reason="first")
+            assert (first.from_revision, first.to_revision) == (None, 1), controller.tail()
+            moved = mint.promote("math", 2, expected_revision=1)
+            assert (moved.from_revision, moved.to_revision, moved.cause) == (1, 2, "promote")
+            assert [(a.alias, a.revision) for a in mint.aliases("math")] == [("prod", 2)]
+            with pytest.raises(CommandRefused) as stale:
+                mint.promote("math", 1, expected_revision=1)
+            assert stale.value.current_revision == 2
+            back = mint.rollback("math")
+            assert (back.from_revision, back.to_revision, back.cause) == (2, 1, "rollback")
+            assert [(a.alias, a.revision) for a in mint.aliases("math")] == [("prod", 1)]
+            history = repo.alias_history("acme", "math", "prod", limit=10)
+            assert history[0].moved_by.startswith("key/")  # the tenant's key, in the history
+        with MintClient.remote(server.url, keys["globex"]) as other:
+            assert other.policies() == []
+            errors = []
+            for call in (
+                lambda: other.revisions("math"),
+                lambda: other.revisions("nothing"),
+                lambda: other.promote("math", 2),
+                lambda: other.rollback("math"),
+            ):
+                with pytest.raises(RemoteError) as e:
+                    call()
+                errors.append(e.value)
+            assert {(e.status, e.code) for e in errors} == {(404, "policy_not_found")}
+            assert str(errors[1]).replace("nothing", "math") == str(errors[0])  # no oracle
+        assert repo.get_alias("acme", "math", "prod").revision == 1  # globex moved nothing
+    finally:
+        server.stop()
