@@ -5,23 +5,25 @@
 - ``GET  /mint/v1/policies/{policy}/aliases``: where its aliases point;
 - ``POST /mint/v1/policies/{policy}/promote`` ``{alias, revision, expected_revision?, reason?}``;
 - ``POST /mint/v1/policies/{policy}/rollback`` ``{alias, to_revision?, expected_revision?,
-  reason?}``.
+  reason?}``;
+- ``PUT  /mint/v1/policies/{policy}/lifecycle`` ``{suite, thresholds?, promote_to?, ...}``: its
+  evaluation gate and rollback rule (``policy.configured`` on ``policy.config``; the base model
+  is the catalog's, never the caller's).
 
 Tenancy by construction: the tenant is the key's, the path names a policy of it, and another
 tenant's policy is the same 404 as a missing one. Moves take the operators' path: a
 PromoteCommand / RollbackCommand on ``serving.commands``, answered by the controller (the only
 writer of aliases) with ``alias.moved`` (200) or ``serving.refused`` (409); no answer in time is
-a 504 that says the command stays queued. Training over HTTP is the Tinker API (``/api/v1``).
+a 504 that says the command stays queued (gateway/commands.py). Training over HTTP is the Tinker
+API (``/api/v1``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 from fastapi import APIRouter, FastAPI, Request
@@ -31,11 +33,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from catalog.exceptions import InvalidReference, NotFound
 from catalog.refs import check_alias, check_name
 from gateway.api import parse_json
+from gateway.commands import Commands, KafkaCommands
 from gateway.errors import ApiError, BadRequest, Unavailable
-from schemas.envelope import Envelope, make_event
-from schemas.events import PromoteCommand, RollbackCommand
-from schemas.exceptions import SchemaError
-from schemas.registry import decode_event, encode_event
+from schemas.envelope import make_event
+from schemas.events import PolicyConfigured, PromoteCommand, RollbackCommand, Threshold
+from schemas.names import AliasName, MetricName
 from schemas.settings import MintSettings
 
 if TYPE_CHECKING:
@@ -48,7 +50,6 @@ MAX_BODY_BYTES = 16 * 1024
 MAX_REVISIONS = 500
 MAX_POLICIES = 1000
 MOVE_TIMEOUT_S = 30.0
-ANSWERS = ("alias.moved", "serving.refused")
 
 
 class PolicyNotFound(ApiError):
@@ -79,12 +80,6 @@ class MoveRefused(ApiError):
         return out
 
 
-class MoveTimeout(ApiError):
-    """504: sent, but the controller did not answer in time (never retried blindly)."""
-
-    status, type, code = 504, "server_error", "controller_timeout"
-
-
 class AliasBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     alias: str = "prod"
@@ -110,110 +105,17 @@ class RollbackBody(AliasBody):
     reason: str = Field("", max_length=1024)
 
 
-class Commands(Protocol):
-    """Serving commands and their answers (KafkaCommands, or a fake in unit tests)."""
+class LifecycleBody(BaseModel):
+    """A policy's lifecycle (PolicyConfigured without its base model): a full replacement."""
 
-    def start(self) -> None: ...
-    def close(self) -> None: ...
-    async def send(self, env: Envelope[Any], timeout_s: float) -> Envelope[Any]: ...
-
-
-class KafkaCommands:
-    """Publishes serving commands and follows ``serving.events`` (every partition from its end,
-    no consumer group, positioned before any command is sent) for the answer whose
-    ``causation_id`` is the command's id."""
-
-    def __init__(self, settings: MintSettings, instance_id: str, retry_after_s: int = 5) -> None:
-        from streams.topics import topic_for
-
-        self.settings, self.instance_id, self.retry_after_s = settings, instance_id, retry_after_s
-        self.commands = topic_for(settings, "serving.commands")
-        self.events = topic_for(settings, "serving.events")
-        self._pending: dict[uuid.UUID, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._follower: Any = None
-        self._producer: Any = None
-
-    def start(self) -> None:
-        from streams.clients import make_producer
-        from streams.follower import Follower
-        from streams.topics import ensure_topics
-
-        ensure_topics(self.settings, ["serving.commands", "serving.events"])
-        self._producer = make_producer(
-            self.settings, client_id=f"{self.instance_id}-commands", linger_ms=0, max_block_ms=5000
-        )
-        follower = Follower(
-            self.settings, client_id=f"{self.instance_id}-serving", fetch_max_wait_ms=100
-        )
-        follower.assign(follower.partitions(self.events), "end")
-        self._follower = follower
-        self._thread = threading.Thread(target=self._run, name="lifecycle-answers", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        for records in self._follower.follow(self._stop, timeout_ms=200, retry_errors=True):
-            for record in records:
-                if not self._pending or not record.value:
-                    continue
-                try:
-                    env = decode_event(record.value)
-                except SchemaError:
-                    continue
-                with self._lock:
-                    waiting = self._pending.get(env.causation_id) if env.type in ANSWERS else None
-                if waiting is not None:
-                    loop, fut = waiting
-                    loop.call_soon_threadsafe(lambda f=fut, e=env: f.done() or f.set_result(e))
-
-    async def send(self, env: Envelope[Any], timeout_s: float) -> Envelope[Any]:
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future = loop.create_future()
-        with self._lock:
-            self._pending[env.event_id] = (loop, fut)
-        try:
-            try:
-                sent = self._producer.send(self.commands, encode_event(env), env.key)
-                await asyncio.wait_for(asyncio.wrap_future(_as_future(sent)), 10)
-            except Exception as e:  # the broker did not take it: nothing was asked
-                raise Unavailable(
-                    f"the command could not be queued ({type(e).__name__}); nothing was sent, "
-                    "retry shortly",
-                    code="commands_unavailable",
-                    headers={"Retry-After": str(self.retry_after_s)},
-                ) from e
-            try:
-                return await asyncio.wait_for(fut, timeout_s)
-            except TimeoutError:
-                raise MoveTimeout(
-                    f"the controller did not answer within {timeout_s:g} s; the command stays "
-                    "queued and is carried out when the controller runs: check "
-                    f"GET {PREFIX}/policies/{{policy}}/aliases before sending it again"
-                ) from None
-        finally:
-            with self._lock:
-                self._pending.pop(env.event_id, None)
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        if self._follower is not None:
-            self._follower.close()
-        if self._producer is not None:
-            self._producer.close(timeout=5)
-
-
-def _as_future(sent: Any):
-    """kafka-python's FutureRecordMetadata as a concurrent.futures.Future."""
-    from concurrent.futures import Future
-
-    out: Future = Future()
-    sent.add_callback(lambda meta: out.done() or out.set_result(meta))
-    sent.add_errback(lambda e: out.done() or out.set_exception(e))
-    return out
+    model_config = ConfigDict(extra="forbid")
+    suite: str = Field(min_length=1, max_length=128)
+    thresholds: dict[MetricName, Threshold] = Field(default_factory=dict, max_length=32)
+    promote_to: AliasName = "prod"
+    auto_evaluate: bool = True
+    auto_promote: bool = True
+    rollback_metric: MetricName | None = None
+    rollback_tolerance: float = Field(0.0, ge=0.0)
 
 
 def _validated(model: type[M], raw: bytes) -> M:
@@ -374,5 +276,21 @@ def build_router(gw: Gateway) -> APIRouter:
         fields["reason"] = fields["reason"] or "rollback"
         cmd = RollbackCommand(**fields, requested_by=f"key/{request.state.key_id}")
         return await move(tenant, policy, cmd)
+
+    @router.put("/policies/{policy}/lifecycle")
+    async def configure(request: Request, policy: str) -> JSONResponse:
+        tenant = await tenant_of(request)
+        row = await policy_of(tenant, policy)
+        req = await body(request, LifecycleBody)
+        if commands is None:
+            raise Unavailable("this gateway serves no lifecycle commands", code="not_served")
+        cfg = PolicyConfigured(
+            base_model=row.base_model, requested_by=f"key/{request.state.key_id}", **dict(req)
+        )
+        env = make_event(cfg, tenant=tenant, policy=policy, producer=gw.producer_name)
+        await commands.publish(env)
+        log.info("policy configured", policy=env.policy_id, suite=req.suite)
+        out = {"policy": policy, "event_id": str(env.event_id), **req.model_dump(mode="json")}
+        return JSONResponse(out, status_code=202)
 
     return router

@@ -10,7 +10,8 @@ host several deployments without one reading another's topics.
   (never read or write) the deployment's other topics, so that ``ensure_topics`` works;
 - ``gateway`` (the OpenAI front door) writes ``infer.requests`` and reads ``infer.results``
   without a consumer group, and writes tenants' serving commands (``serving.commands``) and
-  reads their answers (``serving.events``), also without a group;
+  policy configurations (``policy.config``, base model from the catalog) and reads the
+  commands' answers (``serving.events``), also without a group;
 - ``upstream`` (systems that submit work) writes only the request topics;
 - ``downstream`` (systems that take serving results) reads only ``infer.results``, in groups
   ``<prefix>-downstream*``: every tenant's answers, for a system the operators run;
@@ -102,10 +103,11 @@ PRINCIPALS: dict[str, Grants] = {
     ),
     # The OpenAI gateway (`mint gateway`): asks the engines, follows their answers without a
     # group (each instance takes only its own; gateway/README.md); a tenant's promote/rollback
-    # goes to the controller as a serving command, answered on serving.events (gateway/lifecycle).
+    # goes to the controller as a serving command, answered on serving.events, and its policy's
+    # lifecycle configuration to policy.config (gateway/lifecycle).
     "gateway": Grants(
         reads=("infer.results", "train.step.results", "serving.events"),
-        writes=("infer.requests", "train.steps", "serving.commands"),
+        writes=("infer.requests", "train.steps", "serving.commands", "policy.config"),
     ),
     "upstream": Grants(writes=REQUESTS),
     "downstream": Grants(reads=("infer.results",), groups=("downstream",)),

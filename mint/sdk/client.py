@@ -71,8 +71,8 @@ class MintClient(TrainingVerbs):
     @staticmethod
     def remote(base_url: str, api_key: str, **kw: Any) -> RemoteMintClient:
         """A tenant's client over HTTP: the gateway's URL and an API key, no Kafka or Cassandra
-        credentials (mint.sdk.remote: policies, revisions, aliases, promote, rollback, infer;
-        training over HTTP is the Tinker API). This class is the operators' direct mode."""
+        credentials (mint.sdk.remote: policies, revisions, aliases, promote, rollback, configure,
+        infer; training over HTTP is the Tinker API). This class is the operators' direct mode."""
         from mint.sdk.remote import RemoteMintClient
 
         return RemoteMintClient(base_url, api_key, **kw)

@@ -15,8 +15,8 @@ WaitTimeout (the command stays queued: check ``aliases()`` before sending it aga
 
 Training over HTTP is the Tinker API that the same gateway serves under ``/api/v1`` (README,
 "Train your own task"): the official ``tinker`` SDK with ``TINKER_API_KEY=tml-<MinT key>``.
-A policy's lifecycle configuration (suite, gate) is set by the operators
-(``mint policies configure``).
+``configure`` sets a policy's lifecycle (suite, gate, rollback rule) like the direct client's
+``create_policy``, on the base model the catalog has for the policy.
 """
 
 from __future__ import annotations
@@ -224,6 +224,33 @@ class RemoteMintClient:
         if expected_revision is not None:
             body["expected_revision"] = expected_revision
         return self._move(policy, "rollback", body)
+
+    # ------------------------------------------------------------------ configuration
+
+    def configure(
+        self,
+        policy: str,
+        *,
+        suite: str,
+        thresholds: dict[str, dict[str, float]] | None = None,
+        promote_to: str = "prod",
+        auto_evaluate: bool = True,
+        auto_promote: bool = True,
+        rollback_metric: str | None = None,
+        rollback_tolerance: float = 0.0,
+    ) -> str:
+        """Set the policy's lifecycle (a full replacement; the controller applies it shortly):
+        ``thresholds`` like ``{"reward": {"min": 0.6}}``. Returns the event id."""
+        body = {
+            "suite": suite,
+            "thresholds": thresholds or {},
+            "promote_to": promote_to,
+            "auto_evaluate": auto_evaluate,
+            "auto_promote": auto_promote,
+            "rollback_metric": rollback_metric,
+            "rollback_tolerance": rollback_tolerance,
+        }
+        return self._call("PUT", f"{API}/policies/{policy}/lifecycle", json=body).json()["event_id"]
 
     # ------------------------------------------------------------------ inference
 

@@ -65,7 +65,7 @@ def test_every_worker_group_and_source_topic_is_granted(acls) -> None:
         ("gateway", "WRITE", "infer.results"),  # answers come from the engines only
         ("gateway", "READ", "infer.requests"),
         ("gateway", "WRITE", "serving.events"),  # only the controller answers commands
-        ("gateway", "WRITE", "policy.config"),
+        ("gateway", "WRITE", "export.events"),
         ("gateway", "WRITE", "rollout.requests"),
     ],
 )
@@ -104,6 +104,7 @@ def test_gateway_asks_engines_and_follows_answers_without_a_group(acls) -> None:
     # a tenant's promote/rollback (gateway/lifecycle): the command out, the controller's answer in
     assert _allowed(acls, "gateway", "WRITE", "TOPIC", "t1.serving.commands")
     assert _allowed(acls, "gateway", "READ", "TOPIC", "t1.serving.events")
+    assert _allowed(acls, "gateway", "WRITE", "TOPIC", "t1.policy.config")
     assert not any(
         _allowed(acls, "gateway", "READ", "GROUP", f"t1-{g}")
         for g in ("serving", "downstream", "gateway", "operator")

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from catalog.exceptions import PolicyNotFound
 from catalog.models import Alias, Policy, Revision
 from gateway import GatewayConfig, create_app
-from gateway.lifecycle import MoveTimeout
+from gateway.commands import MoveTimeout
 from gateway.service import Gateway
 from schemas import make_event
 from schemas.events import AliasMoved, ServingRefused
@@ -88,6 +88,9 @@ class FakeCommands:
 
     def close(self) -> None:
         self.closed = True
+
+    async def publish(self, env):
+        self.sent.append(env)
 
     async def send(self, env, timeout_s):
         self.sent.append(env)
@@ -241,3 +244,32 @@ def test_bounds_auth_and_malformed_input(world) -> None:
     wrong = http.get("/mint/v1/policies", headers={"Authorization": "Bearer mint_x_y"})
     assert wrong.status_code == 401
     assert commands.sent == []
+
+
+def test_configure_publishes_the_lifecycle_with_the_catalogs_base_model(world) -> None:
+    catalog, commands, http = world
+    h = auth(catalog)
+    body = {
+        "suite": "toy-even",
+        "thresholds": {"reward": {"min": 0.6}},
+        "auto_promote": False,
+        "rollback_metric": "reward",
+        "rollback_tolerance": 0.05,
+    }
+    r = http.put("/mint/v1/policies/math/lifecycle", json=body, headers=h)
+    assert r.status_code == 202, r.text
+    assert r.json()["suite"] == "toy-even" and r.json()["promote_to"] == "prod"
+    (env,) = commands.sent
+    assert (env.type, env.tenant, env.policy) == ("policy.configured", "acme", "math")
+    p = env.payload
+    assert p.base_model == "tiny" and p.thresholds["reward"].min == 0.6 and not p.auto_promote
+    assert p.requested_by.startswith("key/") and str(env.event_id) == r.json()["event_id"]
+    for bad, param in (
+        ({**body, "base_model": "/etc"}, "base_model"),  # never the caller's
+        ({"suite": ""}, "suite"),
+        ({**body, "promote_to": "no spaces"}, "promote_to"),
+    ):
+        r = http.put("/mint/v1/policies/math/lifecycle", json=bad, headers=h)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    other = http.put("/mint/v1/policies/secret/lifecycle", json=body, headers=h)
+    assert other.status_code == 404 and len(commands.sent) == 1

@@ -45,6 +45,10 @@ def test_reads_and_moves_through_the_gateway(world) -> None:
     assert [e.payload.alias for e in commands.sent] == ["prod", "prod"]
     assert commands.sent[0].payload.expected_revision == 1
     assert commands.sent[1].payload.to_revision == 1
+    event_id = mint.configure("math", suite="toy-even", thresholds={"reward": {"min": 0.6}})
+    cfg = commands.sent[2]
+    assert str(cfg.event_id) == event_id and cfg.payload.suite == "toy-even"
+    assert cfg.payload.base_model == "tiny" and cfg.payload.thresholds["reward"].min == 0.6
 
 
 def test_gateway_errors_become_the_sdks_exceptions(world) -> None:

@@ -2,7 +2,8 @@
 gateway in this process (gateway.main.ThreadedServer), a real controller worker. The operator
 makes the tenants and keys and the catalog holds a policy with two revisions; the tenant lists
 them, promotes, and rolls back through the gateway (serving commands the controller carries
-out), and another tenant's key gets the same 404 as for a missing policy."""
+out), configures the policy's lifecycle, and another tenant's key gets the same 404 as for a
+missing policy."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ import pytest
 
 from catalog.access import AccessRepository
 from catalog.repository import CatalogRepository
+from catalog.state import StateTable
 from gateway.config import GatewayConfig
 from gateway.main import ThreadedServer, build
 from mint.sdk import CommandRefused, MintClient, RemoteError
+from tests.integration.lifecycle._helpers import wait_until
+from workers.controller.logic import CONFIGS_STATE
 
 pytestmark = pytest.mark.integration
 
@@ -62,6 +66,12 @@ def test_tenant_lists_promotes_and_rolls_back_with_a_key_alone(
             assert [(a.alias, a.revision) for a in mint.aliases("math")] == [("prod", 1)]
             history = repo.alias_history("acme", "math", "prod", limit=10)
             assert history[0].moved_by.startswith("key/")  # the tenant's key, in the history
+            mint.configure("math", suite="toy-even", thresholds={"reward": {"min": 0.6}})
+            configs = StateTable(live, settings.keyspace, CONFIGS_STATE)
+            cfg = wait_until(
+                lambda: configs.get("acme/math"), 60, "the controller to apply it", controller
+            )
+            assert cfg["suite"] == "toy-even" and cfg["base_model"] == "tiny"
         with MintClient.remote(server.url, keys["globex"]) as other:
             assert other.policies() == []
             errors = []

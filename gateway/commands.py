@@ -1,0 +1,139 @@
+"""Serving commands from the gateway (gateway/lifecycle.py) and the controller's answers:
+commands out on their topics, ``serving.events`` followed (every partition from its end, no
+consumer group) for the ``alias.moved`` / ``serving.refused`` whose ``causation_id`` is the
+command's id."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from typing import Any, Protocol
+
+from gateway.errors import ApiError, Unavailable
+from schemas.envelope import Envelope
+from schemas.exceptions import SchemaError
+from schemas.registry import decode_event, encode_event
+from schemas.settings import MintSettings
+
+ANSWERS = ("alias.moved", "serving.refused")
+
+
+class MoveTimeout(ApiError):
+    """504: sent, but the controller did not answer in time (never retried blindly)."""
+
+    status, type, code = 504, "server_error", "controller_timeout"
+
+
+class Commands(Protocol):
+    """Serving commands and their answers (KafkaCommands, or a fake in unit tests)."""
+
+    def start(self) -> None: ...
+    def close(self) -> None: ...
+    async def publish(self, env: Envelope[Any]) -> None: ...
+    async def send(self, env: Envelope[Any], timeout_s: float) -> Envelope[Any]: ...
+
+
+class KafkaCommands:
+    """Publishes serving commands and follows ``serving.events`` (every partition from its end,
+    no consumer group, positioned before any command is sent) for the answer whose
+    ``causation_id`` is the command's id."""
+
+    def __init__(self, settings: MintSettings, instance_id: str, retry_after_s: int = 5) -> None:
+        from streams.topics import topic_for
+
+        self.settings, self.instance_id, self.retry_after_s = settings, instance_id, retry_after_s
+        self.events = topic_for(settings, "serving.events")
+        self._pending: dict[uuid.UUID, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._follower: Any = None
+        self._producer: Any = None
+
+    def start(self) -> None:
+        from streams.clients import make_producer
+        from streams.follower import Follower
+        from streams.topics import ensure_topics
+
+        ensure_topics(self.settings, ["serving.commands", "serving.events", "policy.config"])
+        self._producer = make_producer(
+            self.settings, client_id=f"{self.instance_id}-commands", linger_ms=0, max_block_ms=5000
+        )
+        follower = Follower(
+            self.settings, client_id=f"{self.instance_id}-serving", fetch_max_wait_ms=100
+        )
+        follower.assign(follower.partitions(self.events), "end")
+        self._follower = follower
+        self._thread = threading.Thread(target=self._run, name="lifecycle-answers", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        for records in self._follower.follow(self._stop, timeout_ms=200, retry_errors=True):
+            for record in records:
+                if not self._pending or not record.value:
+                    continue
+                try:
+                    env = decode_event(record.value)
+                except SchemaError:
+                    continue
+                with self._lock:
+                    waiting = self._pending.get(env.causation_id) if env.type in ANSWERS else None
+                if waiting is not None:
+                    loop, fut = waiting
+                    loop.call_soon_threadsafe(lambda f=fut, e=env: f.done() or f.set_result(e))
+
+    async def publish(self, env: Envelope[Any]) -> None:
+        """Send ``env`` to its payload's topic and wait for the broker's ack."""
+        from streams.topics import topic_for
+
+        try:
+            topic = topic_for(self.settings, env.payload.topic)
+            sent = self._producer.send(topic, encode_event(env), env.key)
+            await asyncio.wait_for(asyncio.wrap_future(_as_future(sent)), 10)
+        except Exception as e:  # the broker did not take it: nothing was asked
+            raise Unavailable(
+                f"the command could not be queued ({type(e).__name__}); nothing was sent, "
+                "retry shortly",
+                code="commands_unavailable",
+                headers={"Retry-After": str(self.retry_after_s)},
+            ) from e
+
+    async def send(self, env: Envelope[Any], timeout_s: float) -> Envelope[Any]:
+        """Publish a serving command and wait for the controller's answer to it."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future = loop.create_future()
+        with self._lock:
+            self._pending[env.event_id] = (loop, fut)
+        try:
+            await self.publish(env)
+            try:
+                return await asyncio.wait_for(fut, timeout_s)
+            except TimeoutError:
+                raise MoveTimeout(
+                    f"the controller did not answer within {timeout_s:g} s; the command stays "
+                    "queued and is carried out when the controller runs: check "
+                    "GET /mint/v1/policies/{policy}/aliases before sending it again"
+                ) from None
+        finally:
+            with self._lock:
+                self._pending.pop(env.event_id, None)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self._follower is not None:
+            self._follower.close()
+        if self._producer is not None:
+            self._producer.close(timeout=5)
+
+
+def _as_future(sent: Any):
+    """kafka-python's FutureRecordMetadata as a concurrent.futures.Future."""
+    from concurrent.futures import Future
+
+    out: Future = Future()
+    sent.add_callback(lambda meta: out.done() or out.set_result(meta))
+    sent.add_errback(lambda e: out.done() or out.set_exception(e))
+    return out
