@@ -74,8 +74,8 @@ def test_sdk_trains_a_lora_and_the_loss_falls(trained, tk_gateway, tenant_key) -
         ).result(timeout=60)
 
 
-def test_saved_weights_sample_on_the_engine(trained, tk_engine) -> None:
-    service, tc, _, _ = trained
+def test_saved_weights_sample_on_the_engine(trained, tk_gateway, tk_engine) -> None:
+    service, tc, _, key = trained
     path = tc.save_weights_for_sampler("e2e").result(timeout=WAIT_S).path
     assert path.startswith("tinker://") and path.endswith("/sampler_weights/e2e@1")
     sampler = service.create_sampling_client(model_path=path).result(timeout=60)
@@ -88,6 +88,17 @@ def test_saved_weights_sample_on_the_engine(trained, tk_engine) -> None:
     for seq in got.sequences:
         assert 1 <= len(seq.tokens) <= 6 and len(seq.logprobs) == len(seq.tokens)
         assert all(lp <= 0 for lp in seq.logprobs)
+
+    # An ordinary policy of the tenant: its revision is in the catalog and served through the
+    # OpenAI surface, seen by the tenant's remote client with the same key (promotion by alias
+    # needs the controller: tests/integration/lifecycle/test_remote_client.py).
+    from mint.sdk import MintClient
+
+    remote = MintClient.remote(tk_gateway, key.removeprefix("tml-"))
+    policy = tc.model_id.replace(":train:", "-")
+    assert [r.revision for r in remote.revisions(policy)] == [1]
+    answer = remote.infer(policy, "the cat", revision=1, max_tokens=4)
+    assert answer.revision == 1 and answer.completion_tokens >= 1
 
 
 def test_the_readme_example_runs_as_written(tk_gateway, tk_engine, tenant_key) -> None:
