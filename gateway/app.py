@@ -42,6 +42,16 @@ from schemas.logs import bound_event
 
 log = structlog.get_logger()
 ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/healthz", "/metrics"}
+# Routes with ids in their paths are counted by surface (a bounded label set).
+ROUTE_PREFIXES = (("/api/v1/", "/api/v1 (tinker)"), ("/mint/v1/", "/mint/v1 (lifecycle)"))
+
+
+def route_label(path: str) -> str:
+    if path in ROUTES:
+        return path
+    return next((label for prefix, label in ROUTE_PREFIXES if path.startswith(prefix)), "other")
+
+
 OPENAI_TEMPERATURE = 1.0  # OpenAI's default when a request names none (the engine's is 0)
 
 
@@ -124,7 +134,7 @@ class Measure:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        route = scope["path"] if scope["path"] in ROUTES else "other"
+        route = route_label(scope["path"])
         t0 = time.perf_counter()
         status = 500
 
