@@ -338,3 +338,12 @@ def test_the_correlation_id_is_bound_to_the_requests_log_lines(world) -> None:
     assert bound["correlation_id"] == cid and bound["tenant"] == "acme"
     assert bound["policy"] == "math" and bound["model"] == "math@prod"
     assert str(engines.seen[-1].correlation_id) == cid
+
+
+def test_metrics_count_tinker_and_lifecycle_routes_by_surface() -> None:
+    from gateway.app import route_label
+
+    assert route_label("/v1/completions") == "/v1/completions"
+    assert route_label("/api/v1/forward_backward") == "/api/v1 (tinker)"
+    assert route_label("/mint/v1/policies/p-1/revisions") == "/mint/v1 (lifecycle)"
+    assert route_label("/v1/models/x") == "other"  # ids never become label values
