@@ -11,9 +11,10 @@ import uuid
 from typing import Any, Protocol
 
 from gateway.errors import ApiError, Unavailable
+from gateway.following import AnswerFollower, send_acked
 from schemas.envelope import Envelope
 from schemas.exceptions import SchemaError
-from schemas.registry import decode_event, encode_event
+from schemas.registry import decode_event
 from schemas.settings import MintSettings
 
 ANSWERS = ("alias.moved", "serving.refused")
@@ -46,51 +47,45 @@ class KafkaCommands:
         self.events = topic_for(settings, "serving.events")
         self._pending: dict[uuid.UUID, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._follower: Any = None
+        self._answers: AnswerFollower | None = None
         self._producer: Any = None
 
     def start(self) -> None:
         from streams.clients import make_producer
-        from streams.follower import Follower
         from streams.topics import ensure_topics
 
         ensure_topics(self.settings, ["serving.commands", "serving.events", "policy.config"])
         self._producer = make_producer(
             self.settings, client_id=f"{self.instance_id}-commands", linger_ms=0, max_block_ms=5000
         )
-        follower = Follower(
-            self.settings, client_id=f"{self.instance_id}-serving", fetch_max_wait_ms=100
+        self._answers = AnswerFollower(
+            self.settings,
+            self.events,
+            client_id=f"{self.instance_id}-serving",
+            name="lifecycle-answers",
+            route=self._route,
         )
-        follower.assign(follower.partitions(self.events), "end")
-        self._follower = follower
-        self._thread = threading.Thread(target=self._run, name="lifecycle-answers", daemon=True)
-        self._thread.start()
+        self._answers.start()
 
-    def _run(self) -> None:
-        for records in self._follower.follow(self._stop, timeout_ms=200, retry_errors=True):
-            for record in records:
-                if not self._pending or not record.value:
-                    continue
-                try:
-                    env = decode_event(record.value)
-                except SchemaError:
-                    continue
-                with self._lock:
-                    waiting = self._pending.get(env.causation_id) if env.type in ANSWERS else None
-                if waiting is not None:
-                    loop, fut = waiting
-                    loop.call_soon_threadsafe(lambda f=fut, e=env: f.done() or f.set_result(e))
+    def _route(self, record: Any) -> None:
+        if not self._pending or not record.value:
+            return
+        try:
+            env = decode_event(record.value)
+        except SchemaError:
+            return
+        with self._lock:
+            waiting = self._pending.get(env.causation_id) if env.type in ANSWERS else None
+        if waiting is not None:
+            loop, fut = waiting
+            loop.call_soon_threadsafe(lambda f=fut, e=env: f.done() or f.set_result(e))
 
     async def publish(self, env: Envelope[Any]) -> None:
         """Send ``env`` to its payload's topic and wait for the broker's ack."""
         from streams.topics import topic_for
 
         try:
-            topic = topic_for(self.settings, env.payload.topic)
-            sent = self._producer.send(topic, encode_event(env), env.key)
-            await asyncio.wait_for(asyncio.wrap_future(_as_future(sent)), 10)
+            await send_acked(self._producer, topic_for(self.settings, env.payload.topic), env)
         except Exception as e:  # the broker did not take it: nothing was asked
             raise Unavailable(
                 f"the command could not be queued ({type(e).__name__}); nothing was sent, "
@@ -120,20 +115,7 @@ class KafkaCommands:
                 self._pending.pop(env.event_id, None)
 
     def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        if self._follower is not None:
-            self._follower.close()
+        if self._answers is not None:
+            self._answers.close()
         if self._producer is not None:
             self._producer.close(timeout=5)
-
-
-def _as_future(sent: Any):
-    """kafka-python's FutureRecordMetadata as a concurrent.futures.Future."""
-    from concurrent.futures import Future
-
-    out: Future = Future()
-    sent.add_callback(lambda meta: out.done() or out.set_result(meta))
-    sent.add_errback(lambda e: out.done() or out.set_exception(e))
-    return out

@@ -23,13 +23,12 @@ from typing import Any
 
 import structlog
 
+from gateway.following import AnswerFollower
 from gateway.metrics import GatewayMetrics
 from schemas.envelope import Envelope
 from schemas.exceptions import SchemaError
 from schemas.registry import decode_event
 from schemas.settings import MintSettings
-from streams.exceptions import TopicError
-from streams.follower import Follower
 from streams.topics import topic_for
 
 log = structlog.get_logger()
@@ -48,37 +47,25 @@ class ReplyRouter:
         self._marker = self.prefix.encode()
         self._pending: dict[uuid.UUID, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._follower: Follower | None = None
         self.counts = {"own": 0, "late": 0, "foreign": 0, "undecodable": 0}
+        self._answers = AnswerFollower(
+            settings,
+            self.topic,
+            client_id=f"{instance_id}-replies",
+            name="gateway-replies",
+            route=lambda record: self._route(record.value),
+            on_error=lambda _record: self._count("undecodable"),
+        )
 
     def start(self) -> None:
         """Position at the end of every partition, then follow. Returns once the positions are
         fixed, so an answer to any request published afterwards is seen."""
-        follower = Follower(
-            self.settings, client_id=f"{self.instance_id}-replies", fetch_max_wait_ms=100
-        )
-        tps = follower.partitions(self.topic)
-        if not tps:
-            follower.close()
-            raise TopicError(
-                f"topic {self.topic} has no partitions: create the topics first "
-                "(`mint topics --create`)"
-            )
-        follower.assign(tps, "end")  # fixed now, before any request is published
-        self._follower = follower
-        self._thread = threading.Thread(
-            target=self._run, args=(follower,), name="gateway-replies", daemon=True
-        )
-        self._thread.start()
-        log.info(
-            "following answers", topic=self.topic, partitions=len(tps), request_prefix=self.prefix
-        )
+        self._answers.start()
+        log.info("following engine answers", topic=self.topic, request_prefix=self.prefix)
 
     @property
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._answers.alive
 
     def expect(self, event_id: uuid.UUID) -> asyncio.Future:
         """A future for the answer to the request ``event_id`` (register before publishing)."""
@@ -93,20 +80,6 @@ class ReplyRouter:
         with self._lock:
             self._pending.pop(event_id, None)
             self.metrics.pending.set(len(self._pending))
-
-    def _run(self, follower: Follower) -> None:
-        # A failed read is retried (the client reconnects by itself): keep following.
-        for records in follower.follow(self._stop, timeout_ms=200, retry_errors=True):
-            for record in records:
-                try:
-                    self._route(record.value)
-                except Exception:  # one odd record must not stop the answers of all
-                    log.exception(
-                        "could not route an answer",
-                        offset=record.offset,
-                        partition=record.partition,
-                    )
-                    self._count("undecodable")
 
     def _route(self, value: bytes | None) -> None:
         if not value or self._marker not in value:
@@ -136,8 +109,4 @@ class ReplyRouter:
         self.metrics.replies.labels(outcome).inc()
 
     def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        if self._follower is not None:
-            self._follower.close()
+        self._answers.close()
