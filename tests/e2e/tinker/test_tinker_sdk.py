@@ -72,6 +72,7 @@ def test_sdk_trains_a_lora_and_the_loss_falls(trained, tk_gateway, tenant_key) -
         other_service.create_sampling_client(
             model_path=f"tinker://{policy}/sampler_weights/x@1"
         ).result(timeout=60)
+    other_service.close("success").result(timeout=60)  # its heartbeat stops with it
 
 
 def test_saved_weights_sample_on_the_engine(trained, tk_gateway, tk_engine) -> None:
@@ -115,5 +116,6 @@ def test_the_readme_example_runs_as_written(tk_gateway, tk_engine, tenant_key) -
             warnings.filterwarnings("error", category=FutureWarning, module="README")
             warnings.filterwarnings("error", message=".*deprecated", module="README")
             exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 - the README's example
+    scope["service"].close("success").result(timeout=60)
     assert len(scope["out"].sequences) == 4
     assert all(len(s.tokens) == len(s.logprobs) >= 1 for s in scope["out"].sequences)
