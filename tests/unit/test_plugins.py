@@ -118,8 +118,11 @@ def test_entry_points_are_found_loaded_once_and_checked() -> None:
 
 
 def test_unknown_names_list_the_entry_points_too() -> None:
-    with pytest.raises(UnknownReward, match=r"'nope' is not registered; known: .*'length'.*"
-                       r"entry points \(mint.rewards\): .*'exact_answer'"):  # fmt: skip
+    with pytest.raises(
+        UnknownReward,
+        match=r"'nope' is not registered; known: .*'length'.*"
+        r"entry points \(mint.rewards\): .*'exact_answer'",
+    ):
         get_reward("nope")
     with pytest.raises(UnknownSuite, match=r"entry points \(mint.suites\): .*'acme-heldout'"):
         get_suite("nope")
@@ -128,19 +131,25 @@ def test_unknown_names_list_the_entry_points_too() -> None:
 @pytest.mark.parametrize(
     ("name", "why"),
     [
-        ("wrong_signature", r"expected a function \(prompt: str, completion: str, token_ids: "
-         r"list\[int\]\) -> float, got one with signature \(completion\)"),
+        (
+            "wrong_signature",
+            r"expected a function \(prompt: str, completion: str, token_ids: "
+            r"list\[int\]\) -> float, got one with signature \(completion\)",
+        ),
         ("not_callable", r"expected a function .* got int"),
         ("import_fails", r"could not be loaded: RuntimeError: acme_tasks.broken needs ACME_TOKEN"),
         ("exits", r"could not be loaded: SystemExit: 3"),
         ("missing_attr", r"could not be loaded: AttributeError: .*'nope'"),
     ],
-)  # fmt: skip
+)
 def test_a_broken_reward_entry_point_names_itself_its_distribution_and_what_was_expected(
     name: str, why: str
 ) -> None:
-    with pytest.raises(UnknownReward, match=rf"reward '{name}' \(entry point {name} = "
-                       rf"'acme_tasks\.[a-z]+:\w+' of acme-tasks\).*{why}"):  # fmt: skip
+    with pytest.raises(
+        UnknownReward,
+        match=rf"reward '{name}' \(entry point {name} = "
+        rf"'acme_tasks\.[a-z]+:\w+' of acme-tasks\).*{why}",
+    ):
         get_reward(name)
 
 
@@ -151,17 +160,23 @@ def test_two_distributions_declaring_one_name_is_an_error(tmp_path: Path) -> Non
     (other / "entry_points.txt").write_text(
         "[mint.rewards]\nexact_answer = acme_tasks.rewards:wrong_signature\n"
     )
-    with pytest.raises(UnknownReward, match=r"declared by several 'mint.rewards' entry points "
-                       r"\(exact_answer = .* of acme-(tasks|more), exact_answer = .* of "
-                       r"acme-(tasks|more)\): uninstall or rename all but one"):  # fmt: skip
+    with pytest.raises(
+        UnknownReward,
+        match=r"declared by several 'mint.rewards' entry points "
+        r"\(exact_answer = .* of acme-(tasks|more), exact_answer = .* of "
+        r"acme-(tasks|more)\): uninstall or rename all but one",
+    ):
         get_reward("exact_answer")
 
 
 def test_a_broken_suite_entry_point_names_what_was_expected() -> None:
-    with pytest.raises(UnknownSuite, match=r"evaluation suite 'not_a_suite' \(entry point "
-                       r"not_a_suite = 'acme_tasks.suites:not_a_suite' of acme-tasks\) is not a "
-                       r"usable evaluation suite: expected a workers.evaluator.suites.Suite or a "
-                       r"function of no arguments that returns one, got str"):  # fmt: skip
+    with pytest.raises(
+        UnknownSuite,
+        match=r"evaluation suite 'not_a_suite' \(entry point "
+        r"not_a_suite = 'acme_tasks.suites:not_a_suite' of acme-tasks\) is not a "
+        r"usable evaluation suite: expected a workers.evaluator.suites.Suite or a "
+        r"function of no arguments that returns one, got str",
+    ):
         get_suite("not_a_suite")
 
 

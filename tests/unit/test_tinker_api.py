@@ -184,8 +184,14 @@ def test_sdk_trains_saves_and_samples_through_the_step_contract(world) -> None:
     assert create.policy == tc.model_id.replace(":train:", "-")
     assert create.payload.lora.rank == 8 and create.payload.seed == 3
     assert create.payload.lora.target_modules == [
-        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"
-    ]  # fmt: skip
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    ]
     assert tc.get_info().model_data.model_name == BASE
 
     losses = []
@@ -247,8 +253,14 @@ def test_unsupported_loss_and_lora_shapes_are_clear_400s(world) -> None:
     # Tinker's defaults (train_unembed=True): accepted, attention and MLP trained
     service.create_lora_training_client(BASE, rank=8).result()
     assert trainer.seen[-1].payload.lora.target_modules == [
-        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"
-    ]  # fmt: skip
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    ]
     with pytest.raises(tinker.BadRequestError, match="rank"):
         service.create_lora_training_client(BASE, rank=65, train_unembed=False).result()
     with pytest.raises(tinker.BadRequestError, match="not served here"):
@@ -413,14 +425,21 @@ def test_wire_field_numbers_match_the_sdk_descriptor() -> None:
         return {f.name: f.number for f in pb.DESCRIPTOR.message_types_by_name[message].fields}
 
     assert numbers("ForwardBackwardRequest") == {
-        "model_id": 1, "seq_id": 2, "data": 3, "loss_fn": 4, "loss_fn_config": 5,
-        "forward_only": 6, "loss_fn_config_v2": 7,
-    }  # fmt: skip
+        "model_id": 1,
+        "seq_id": 2,
+        "data": 3,
+        "loss_fn": 4,
+        "loss_fn_config": 5,
+        "forward_only": 6,
+        "loss_fn_config_v2": 7,
+    }
     assert numbers("Datum")["model_input"] == 1 and numbers("Datum")["loss_fn_inputs"] == 2
     assert numbers("Tensor") == {"dense": 1, "sparse_csr": 2, "dtype": 3, "shape": 4}
     assert numbers("ForwardBackwardOutput") == {
-        "loss_fn_output_type": 1, "loss_fn_outputs": 2, "metrics": 3
-    }  # fmt: skip
+        "loss_fn_output_type": 1,
+        "loss_fn_outputs": 2,
+        "metrics": 3,
+    }
     assert numbers("ArrayRecord") == {"type_tag": 1, "fields": 2, "num_datums": 3}
     assert numbers("BatchedTensor") == {"data": 1, "offsets": 2, "dtype": 3, "trailing_shape": 4}
     assert numbers("SampledSequence")["tokens"] == 2 and numbers("SampledSequence")["logprobs"] == 3
