@@ -123,6 +123,19 @@ def example_fields(
             "completion_tokens": 1,
             "latency_ms": 20.0,
         },
+        "infer.delta": {
+            "request_id": "req-1",
+            "engine_id": "engine-0",
+            "seq": 0,
+            "offset": 0,
+            "text": "4",
+            "tokens": 1,
+            "revision": 1,
+        },
+        "infer.cancel": {
+            "request_id": "req-1",
+            "request_event_id": "5b8f0a52-1e8a-4f0e-9d0a-6f4d8f6c2a11",
+        },
         "infer.failed": {
             "request_id": "req-2",
             "ref": f"{tenant}/{policy}@prod",

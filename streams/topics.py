@@ -57,6 +57,10 @@ _SPECS = [
     TopicSpec("load.events", "load.loaded / load.evicted / load.failed"),
     TopicSpec("infer.requests", "infer.requested (downstream requests)", retention_ms=DAY_MS),
     TopicSpec("infer.results", "infer.completed (downstream results)", retention_ms=DAY_MS),
+    # Tokens as they are generated: only a live reader wants them, the completion has them all.
+    TopicSpec(
+        "infer.deltas", "infer.delta: streamed text, keyed by reader", retention_ms=3_600_000
+    ),
     TopicSpec("dlq", "dead letters: original bytes + mint.dlq.* headers", retention_ms=30 * DAY_MS),
     TopicSpec("policy.state", "latest alias pointers per policy (compacted)", compacted=True),
     TopicSpec(

@@ -3,7 +3,15 @@
 from schemas.events.dead_letter import DeadLetter
 from schemas.events.evaluation import EvalCompleted, EvalRequested, Threshold, threshold_failures
 from schemas.events.export import ExportCompleted
-from schemas.events.inference import ChatTurn, InferCompleted, InferFailed, InferRequested
+from schemas.events.inference import (
+    ChatTurn,
+    InferCancel,
+    InferChoice,
+    InferCompleted,
+    InferDelta,
+    InferFailed,
+    InferRequested,
+)
 from schemas.events.lifecycle import PolicyConfigured
 from schemas.events.load import AdapterEvicted, AdapterLoaded, LoadFailed, LoadRequested
 from schemas.events.rollout import RolloutCompleted, RolloutRequested
@@ -27,7 +35,10 @@ __all__ = [
     "EvalCompleted",
     "EvalRequested",
     "ExportCompleted",
+    "InferCancel",
+    "InferChoice",
     "InferCompleted",
+    "InferDelta",
     "InferFailed",
     "InferRequested",
     "LoadFailed",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Annotated, Literal
+from uuid import UUID
 
 from pydantic import (
     AwareDatetime,
@@ -21,6 +22,7 @@ MAX_PROMPT_CHARS = 200_000
 StopText = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 MAX_PROMPT_TOKEN_IDS = 32768
 TokenId = Annotated[int, Field(ge=0)]
+STREAM_KEY_RE = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 
 
 class ChatTurn(BaseModel):
@@ -95,6 +97,19 @@ class InferRequested(Command):
         "vocabulary: infer.failed, validate, invalid_value",
     )
 
+    # Added (optional, backward compatible) for serving on vLLM's asynchronous engine: ``n``
+    # choices in one request (vLLM's n: the prompt is prefilled once), and tokens as events.
+    n: int = Field(
+        1, ge=1, le=16, description="choices sampled for this prompt (one prefill, vLLM's n)"
+    )
+    stream_to: str | None = Field(
+        None,
+        pattern=STREAM_KEY_RE,
+        description="publish infer.delta events on infer.deltas keyed by this (the reader's "
+        "id: a gateway instance reads only its own partition) while the answer is generated; "
+        "infer.completed still follows with the whole answer",
+    )
+
     @model_validator(mode="after")
     def _token_prompt_is_raw(self) -> InferRequested:
         # Token ids are already what the template would produce: rendering them again is a
@@ -125,6 +140,18 @@ class InferRequested(Command):
         return self
 
 
+class InferChoice(BaseModel):
+    """One of the ``n`` choices of an answer (``InferCompleted.choices``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    index: int = Field(ge=0, lt=16)
+    text: str
+    finish_reason: Literal["stop", "length", "error"]
+    token_ids: list[int] = Field(default_factory=list)
+    logprobs: list[float] | None = None
+
+
 class InferCompleted(Payload):
     """The downstream result of an inference request."""
 
@@ -150,6 +177,11 @@ class InferCompleted(Payload):
     logprobs: list[float] | None = Field(
         None, description="log-probability of each completion token (when the request asked)"
     )
+    # Added (optional, backward compatible): with n > 1, every choice in order. The fields above
+    # then hold choice 0 (what a reader of one choice expects) and completion_tokens the sum.
+    choices: list[InferChoice] | None = Field(
+        None, max_length=16, description="with n > 1: all n choices (choice 0 also above)"
+    )
 
 
 class InferFailed(Payload):
@@ -171,10 +203,48 @@ class InferFailed(Payload):
         None,
         max_length=64,
         description="with stage validate: context_length_exceeded (the prompt does not fit the "
-        "model's context) or invalid_value (a sampling value the engine cannot run)",
+        "model's context) or invalid_value (a sampling value the engine cannot run); with "
+        "stage expired: cancelled when the caller cancelled it (infer.cancel)",
     )
     revision: int | None = Field(None, ge=1, description="None: the reference did not resolve")
     adapter_digest: str | None = Field(None, pattern=r"^sha256:[0-9a-f]{64}$")
     engine_id: str = Field(max_length=128)
     retryable: bool = False
     latency_ms: float = Field(0.0, ge=0.0)
+
+
+class InferDelta(Payload):
+    """Text an engine generated since the last delta of one choice, published while it generates
+    (every ≤ 50 ms or 16 tokens per request) for a request that set ``stream_to``.
+
+    Best effort and short-lived: deltas go to ``infer.deltas`` (one hour of retention, keyed by
+    ``stream_to`` so each reader follows one partition), and ``infer.completed`` on
+    ``infer.results`` still carries the whole answer. A reader that misses a delta, or reads the
+    completion first (two topics are not ordered together), takes the rest from the completion:
+    ``seq`` counts a choice's deltas from 0 and ``offset`` is where ``text`` starts in the
+    choice's text, so a gap is seen and never doubled."""
+
+    event_type = "infer.delta"
+    topic = "infer.deltas"
+
+    request_id: str = Field(pattern=REQUEST_ID_RE)
+    engine_id: str = Field(max_length=128)
+    index: int = Field(0, ge=0, lt=16, description="the choice")
+    seq: int = Field(ge=0, description="this choice's deltas, counted from 0")
+    offset: int = Field(ge=0, description="characters of the choice's text before this delta")
+    text: str = Field(description="text added since the previous delta")
+    tokens: int = Field(ge=0, description="tokens added since the previous delta")
+    revision: int = Field(ge=1, description="the revision generating")
+
+
+class InferCancel(Command):
+    """Command: the caller stopped waiting (its client disconnected); the engine aborts the
+    request (its slot is freed) and answers it with infer.failed, stage expired, code cancelled.
+    Sent on ``infer.requests`` with the request's key, so it reaches the engine that holds the
+    request, after the request. A cancel for a request already answered is ignored."""
+
+    event_type = "infer.cancel"
+    topic = "infer.requests"
+
+    request_id: str = Field(pattern=REQUEST_ID_RE)
+    request_event_id: UUID = Field(description="event_id of the infer.requested to cancel")
