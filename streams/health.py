@@ -7,7 +7,8 @@ One port per process (``MINT_METRICS_PORT``; off when unset):
   consumer group and whether it is waiting out an outage, and since when.
 - ``/readyz``: 503 while any of its consumer loops waits out a transient failure (its partitions
   paused), 200 otherwise: a readiness probe, and what an operator's dashboard shows.
-- ``/metrics``: every ``mint_*`` metric of the process.
+- ``/metrics``: every metric of the process's default registry (prometheus_client's
+  ``REGISTRY``): the ``mint_*`` ones and, on an engine, vLLM's ``vllm:*`` (workers.serving.metrics).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import structlog
-from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Gauge, generate_latest
 
 log = structlog.get_logger()
 
@@ -68,7 +69,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
-            self._send(200, generate_latest(), CONTENT_TYPE_LATEST)
+            self._send(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
         elif path in ("/healthz", "/readyz"):
             body = report()
             code = 503 if path == "/readyz" and body["status"] != "ready" else 200

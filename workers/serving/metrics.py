@@ -25,6 +25,39 @@ are bound here once; the hot paths only observe or increment.
   (answered once);
 - ``mint_serving_batch_retries_total``: waves that failed as a whole and were run again one
   request at a time.
+
+vLLM's own metrics (``vllm:*``) are served on the same port: the engine runs vLLM's AsyncLLM
+with stats logging on, whose PrometheusStatLogger registers them in prometheus_client's default
+REGISTRY, the one streams.health serves (vLLM 0.32, vllm/v1/metrics/loggers.py). Each carries
+``model_name`` (vLLM's served model name: the base model as the engine was given it, its folder
+unless the engine names it) and ``engine`` (vLLM's data-parallel index: ``"0"``, one engine per
+process). The ones the dashboard's generation row charts:
+
+- ``vllm:time_to_first_token_seconds``, ``vllm:request_time_per_output_token_seconds``,
+  ``vllm:inter_token_latency_seconds``, ``vllm:e2e_request_latency_seconds`` and
+  ``vllm:request_{queue,prefill,decode,inference}_time_seconds``: histograms (``_bucket``,
+  ``_sum``, ``_count``) per request, or per token for the inter-token latency;
+- ``vllm:num_requests_running`` / ``vllm:num_requests_waiting``: gauges, requests in the
+  running batch and in vLLM's queue (``vllm:num_requests_waiting_by_reason{reason}``);
+- ``vllm:kv_cache_usage_perc``: gauge, KV-cache blocks in use, 0 to 1 (1 is full);
+- ``vllm:prompt_tokens_total`` / ``vllm:generation_tokens_total``: counters, tokens prefilled
+  and generated (``vllm:prompt_tokens_cached_total``: prompt tokens the prefix cache supplied;
+  ``vllm:prefix_cache_queries_total`` / ``vllm:prefix_cache_hits_total``);
+- ``vllm:request_success_total{finished_reason}`` (stop, length, abort, …),
+  ``vllm:num_preemptions_total``, ``vllm:request_prompt_tokens`` /
+  ``vllm:request_generation_tokens`` (histograms of tokens per request),
+  ``vllm:cache_config_info`` (the KV-cache settings as labels, value 1).
+
+LoRA: ``vllm:lora_requests_info{max_lora, running_lora_adapters, waiting_lora_adapters}`` (no
+model_name or engine label) is a gauge set to the time of vLLM's latest step; the two adapter
+labels are comma-separated adapter names, so each new mix of adapters is a new series: read the
+newest, e.g. ``topk(1, vllm:lora_requests_info)`` per instance. vLLM names an adapter by our
+LoraHandle.name, which is content-derived, not policy-derived (workers.serving.ids.lora_name):
+``mint-`` + the first 12 hex digits of the revision's sha256 digest, e.g. ``mint-3f2a9c01b7de``
+for ``sha256:3f2a9c01b7de…``. To map it to a policy and revision: ``mint catalog revisions
+TENANT/POLICY`` lists each revision's digest starting with those 12 digits, and the engine's
+"adapter loaded" / "adapter evicted" log lines carry the full digest with the revision. Two
+policies that exported the same bytes share one name (the same weights, loaded once).
 """
 
 from __future__ import annotations
