@@ -149,7 +149,8 @@ def _engine_options(fn):
             envvar=_env("GPU_MEMORY_UTILIZATION"),
             show_envvar=True,
             help="share of GPU memory vLLM takes for weights and KV cache (on CPU: of one NUMA "
-            "node's RAM; VLLM_CPU_KVCACHE_SPACE sizes the KV cache). GPU the engine has alone: 0.9.",
+            "node's RAM; VLLM_CPU_KVCACHE_SPACE sizes the KV cache). A GPU the engine has "
+            "alone: 0.9.",
         ),
         click.option(
             "--enforce-eager/--no-enforce-eager",
