@@ -698,16 +698,42 @@ def test_dashboard_queries_only_metrics_the_code_defines_and_charts_them_all() -
     charted = {family for family, (_, names) in defined.items() if names & used}
     assert charted == set(defined), f"defined but not on the dashboard: {set(defined) - charted}"
     for expr in _exprs(dashboard):  # counters are read as rates, never as raw totals
-        for name in re.findall(r"\bmint_[a-z0-9_]+_total\b", expr):
+        for name in re.findall(r"\b(?:mint_|vllm:)[a-z0-9_]+_total\b", expr):
             assert re.search(rf"(rate|increase)\({name}\b", expr), expr
     for panel in dashboard["panels"]:
         if panel["type"] != "row":
             assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
         for target in panel.get("targets", []):  # a worker's metrics follow the job selector
             if "mint_gateway_" not in target["expr"]:
-                assert target["expr"].count("mint_") == target["expr"].count('job=~"$job"')
+                worker_metrics = len(re.findall(r"\b(?:mint_|vllm:)", target["expr"]))
+                assert worker_metrics == target["expr"].count('job=~"$job"'), target["expr"]
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
+
+
+VLLM_METRIC = re.compile(r"\bvllm:[a-z0-9_]+")
+
+
+def test_dashboard_queries_vllm_metrics_vllm_defines() -> None:
+    """The generation row reads the ``vllm:*`` metrics vLLM's PrometheusStatLogger exports
+    (read from its source: importing vLLM is slow), as samples of the right type."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("vLLM is not installed")
+    source = (Path(spec.submodule_search_locations[0]) / "v1/metrics/loggers.py").read_text()
+    kinds = {  # vllm:name -> counter / gauge / histogram, from `self._<kind>_cls(name="vllm:…"`
+        name: kind
+        for kind, name in re.findall(
+            r"_(counter|gauge|histogram)_cls\(\s*name=\"(vllm:[a-z0-9_]+)\"", source
+        )
+    }
+    suffixes = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count")}
+    samples = {name + s for name, kind in kinds.items() for s in suffixes[kind]}
+    used = {n for e in _exprs(json.loads(DASHBOARD.read_text())) for n in VLLM_METRIC.findall(e)}
+    assert "vllm:time_to_first_token_seconds_bucket" in used, "no generation row"
+    assert used <= samples, f"not exported by this vLLM: {sorted(used - samples)}"
 
 
 def test_every_metric_is_documented() -> None:
