@@ -50,8 +50,9 @@ process). The ones the dashboard's generation row charts:
 
 LoRA: ``vllm:lora_requests_info{max_lora, running_lora_adapters, waiting_lora_adapters}`` (no
 model_name or engine label) is a gauge set to the time of vLLM's latest step; the two adapter
-labels are comma-separated adapter names, so each new mix of adapters is a new series: read the
-newest, e.g. ``topk(1, vllm:lora_requests_info)`` per instance. vLLM names an adapter by our
+labels are comma-separated adapter names (0.32 writes every adapter with a request in vLLM to
+both, whether it runs or waits), so each new mix of adapters is a new series: read the newest,
+e.g. ``topk(1, vllm:lora_requests_info)`` per instance. vLLM names an adapter by our
 LoraHandle.name, which is content-derived, not policy-derived (workers.serving.ids.lora_name):
 ``mint-`` + the first 12 hex digits of the revision's sha256 digest, e.g. ``mint-3f2a9c01b7de``
 for ``sha256:3f2a9c01b7de…``. To map it to a policy and revision: ``mint catalog revisions
