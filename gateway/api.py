@@ -54,7 +54,8 @@ class _Sampling(_Body):
     model: str = Field(max_length=300)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    n: int = Field(1, ge=1, le=64)
+    # One request per prompt carries its n choices: InferRequested.n's bound (16).
+    n: int = Field(1, ge=1, le=16)
     seed: int | None = Field(None, ge=-(2**63), lt=2**63)
     stop: Stop | list[Stop] | None = None
     stream: bool = False

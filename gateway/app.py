@@ -3,15 +3,15 @@ plus ``/healthz`` and ``/metrics``. Stateless: every instance answers every requ
 
 A request: bearer key → tenant (401) → the tenant's token bucket (429) → the body, read up to
 ``max_body_bytes`` (400) → validated (400, naming the field) → the model in the caller's tenant
-(404, the same for another tenant's) → one ``infer.requested`` per choice → answers within
-``answer_timeout_s`` (else 503 with Retry-After) → JSON, or server-sent events for ``stream``.
+(404, the same for another tenant's) → one ``infer.requested`` per prompt (with its ``n``
+choices) → answers within ``answer_timeout_s`` (else 503 with Retry-After) → JSON; or, for
+``stream``, server-sent events from the first event of every request on (gateway.streaming).
 The request's correlation id is bound to every log line while it is handled and returned in
 ``x-mint-correlation-id``.
 """
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -29,14 +29,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from catalog.exceptions import CatalogUnavailable
-from gateway import responses
+from catalog.refs import Ref
+from gateway import responses, streaming
 from gateway.api import ChatRequest, CompletionRequest, parse_json, validate
+from gateway.deltas import Answers
 from gateway.errors import ApiError, BadRequest, Unavailable
 from gateway.lifecycle import build_router as lifecycle_router
 from gateway.metrics import GatewayMetrics
 from gateway.refs import parse_model
 from gateway.service import Gateway
 from gateway.tinker.router import build_router
+from schemas.envelope import Envelope
 from schemas.events import ChatTurn, InferRequested
 from schemas.logs import bound_event
 
@@ -75,23 +78,25 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _sampling(req: ChatRequest | CompletionRequest, i: int) -> dict[str, Any]:
-    """The sampling fields of choice ``i``, with OpenAI's defaults where the body left them out;
-    each choice gets its own seed (``seed + i``) so ``n`` choices are not ``n`` copies."""
+def _sampling(req: ChatRequest | CompletionRequest) -> dict[str, Any]:
+    """The sampling fields, with OpenAI's defaults where the body left them out. The ``n``
+    choices of a prompt are one request: the engine samples them apart from one seed (vLLM's
+    ``n``), so they are not ``n`` copies."""
     return {
         "temperature": OPENAI_TEMPERATURE if req.temperature is None else req.temperature,
         "top_p": 1.0 if req.top_p is None else req.top_p,
-        "seed": None if req.seed is None else req.seed + i,
+        "seed": req.seed,
         "stop": req.stops(),
+        "n": req.n,
     }
 
 
 def _payloads(
     req: ChatRequest | CompletionRequest, ids: list[str], common: dict[str, Any]
 ) -> list[InferRequested]:
-    """One ``InferRequested`` per choice: a chat's last user turn (with the whole conversation)
-    ``n`` times, or each completion prompt ``n`` times; ``common``: alias, revision, max_tokens
-    and the deadline, the same for every choice."""
+    """One ``InferRequested`` per prompt, with ``n`` choices: a chat's last user turn (with
+    the whole conversation), or each completion prompt; ``common``: alias, revision,
+    max_tokens, the deadline and ``stream_to``, the same for every prompt."""
     if isinstance(req, ChatRequest):
         turns = [
             ChatTurn(role="system" if m.role == "developer" else m.role, content=m.text())
@@ -104,23 +109,14 @@ def _payloads(
         prompts = req.prompts()
         extra = {"logprobs": req.logprobs is not None}
     return [
-        InferRequested(
-            request_id=ids[k * req.n + i], prompt=prompt, **common, **_sampling(req, i), **extra
-        )
+        InferRequested(request_id=ids[k], prompt=prompt, **common, **_sampling(req), **extra)
         for k, prompt in enumerate(prompts)
-        for i in range(req.n)
     ]
 
 
 def _client(request: Request) -> str | None:
     """The caller's address (behind a proxy: what uvicorn's ``proxy_headers`` made of it)."""
     return request.client.host if request.client else None
-
-
-async def _sse(chunks: list[dict[str, Any]]) -> AsyncIterator[dict[str, str]]:
-    for chunk in chunks:
-        yield {"data": json.dumps(chunk, separators=(",", ":"))}
-    yield {"data": "[DONE]"}
 
 
 class Measure:
@@ -236,43 +232,88 @@ def create_app(gw: Gateway) -> FastAPI:
             model=req.model,
             key_id=caller.key_id,
         ):
-            per_prompt = req.n  # choices per prompt
             # Past the answer timeout the caller has its 503: engines then skip the request.
             expires_at = datetime.now(UTC) + timedelta(seconds=cfg.answer_timeout_s)
             prompts = 1 if isinstance(req, ChatRequest) else len(req.prompts())
-            base, ids = gw.request_ids(req.n * prompts)
+            base, ids = gw.request_ids(prompts)
             common = {
                 "alias": alias,
                 "revision": revision,
                 "max_tokens": req.limit(cfg),
                 "expires_at": expires_at,
+                # deltas keyed by this instance's id: it follows only that partition
+                "stream_to": cfg.instance_id if req.stream else None,
             }
             payloads = _payloads(req, ids, common)
+            rid = f"chatcmpl-{base}" if chat else f"cmpl-{base}"
+            created = int(time.time())
             t0 = time.perf_counter()
             try:
-                done = await gw.run(ref, req.model, payloads, correlation_id)
+                if req.stream:
+                    answers, first = await gw.stream(ref, req.model, payloads, correlation_id)
+                else:
+                    done = await gw.run(ref, req.model, payloads, correlation_id)
             except ApiError as e:
                 log.info("request refused", status=e.status, code=e.code, error=e.message[:200])
                 raise
-            log.info(
-                "request answered",
-                choices=len(done),
-                revision=done[0].revision,
-                ms=round((time.perf_counter() - t0) * 1000, 1),
-                stream=req.stream,
-            )
+            ms = round((time.perf_counter() - t0) * 1000, 1)
+            if req.stream:
+                log.info("stream started", prompts=prompts, n=req.n, ms_to_first_event=ms)
+            else:
+                log.info(
+                    "request answered", prompts=prompts, n=req.n, revision=done[0].revision, ms=ms
+                )
+        if req.stream:
+            return _stream_response(req, chat, rid, created, ref, answers, first, correlation_id)
         headers = responses.revision_headers(done, ref)
         headers["x-mint-correlation-id"] = str(correlation_id)
-        created = int(time.time())
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        rid = f"chatcmpl-{base}" if chat else f"cmpl-{base}"
-        if req.stream:
-            chunks = responses.stream_chunks(
-                chat, rid, created, req.model, done, per_prompt, include_usage
-            )
-            return EventSourceResponse(_sse(chunks), headers=headers, ping=15)
         return JSONResponse(
-            responses.response(chat, rid, created, req.model, done, per_prompt), headers=headers
+            responses.response(chat, rid, created, req.model, done, req.n), headers=headers
+        )
+
+    def _stream_response(
+        req: ChatRequest | CompletionRequest,
+        chat: bool,
+        rid: str,
+        created: int,
+        ref: Ref,
+        answers: Answers,
+        first: list[tuple[int, Envelope[Any]]],
+        correlation_id: uuid.UUID,
+    ) -> Response:
+        """The SSE response of a stream whose first events were read (headers: what they say:
+        the revisions generating; the adapter digest comes as the chunks' fingerprint)."""
+        chunks = streaming.StreamChunks(
+            chat=chat,
+            rid=rid,
+            created=created,
+            model=req.model,
+            n=req.n,
+            prompts=len(answers.envs),
+            include_usage=bool(req.stream_options and req.stream_options.include_usage),
+        )
+        events = streaming.sse(
+            answers,
+            first,
+            chunks,
+            retry_after_s=cfg.retry_after_s,
+            prompt_param="messages" if chat else "prompt",
+            log_fields={"correlation_id": str(correlation_id), "tenant": ref.tenant},
+            on_answered=lambda done: gw.streamed(done, answers.started),
+        )
+
+        async def client_gone(_message: Message) -> None:
+            answers.close()  # cancels the requests still generating
+
+        headers = {
+            "x-mint-revision": ",".join(
+                dict.fromkeys(str(env.payload.revision) for _, env in first)
+            ),
+            "x-mint-policy": f"{ref.tenant}/{ref.policy}",
+            "x-mint-correlation-id": str(correlation_id),
+        }
+        return EventSourceResponse(
+            events, headers=headers, ping=15, client_close_handler_callable=client_gone
         )
 
     @app.post("/v1/chat/completions")

@@ -5,7 +5,9 @@ Every answer the gateway waits for (the engines' on ``infer.results``, the train
 partition from its end, positioned before anything is asked, without a consumer group (so
 instances never split answers among themselves and nothing is committed), on a thread of its
 own that hands each record to the owner's ``route``. A read that fails is retried (the client
-reconnects by itself) and a record ``route`` cannot take never stops the others.
+reconnects by itself) and a record ``route`` cannot take never stops the others. With ``key``,
+only the partition that records of that key land on is read (``infer.deltas``: each instance
+reads the partition of its own id, gateway.deltas).
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ from schemas.registry import encode_event
 from schemas.settings import MintSettings
 from streams.exceptions import TopicError
 from streams.follower import Follower
+from streams.topics import partition_for_key
 
 log = structlog.get_logger()
 
 
 class AnswerFollower:
     """Follows ``topic`` from its end on a thread named ``name``; ``route(record)`` per record,
-    ``on_error(record)`` after ``route`` raised (logged here)."""
+    ``on_error(record)`` after ``route`` raised (logged here); ``key``: only its partition."""
 
     def __init__(
         self,
@@ -40,9 +43,10 @@ class AnswerFollower:
         name: str,
         route: Callable[[ConsumerRecord], None],
         on_error: Callable[[ConsumerRecord], None] = lambda _record: None,
+        key: bytes | None = None,
     ) -> None:
         self.settings, self.topic, self.client_id, self.name = settings, topic, client_id, name
-        self.route, self.on_error = route, on_error
+        self.route, self.on_error, self.key = route, on_error, key
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._follower: Follower | None = None
@@ -58,6 +62,9 @@ class AnswerFollower:
                 f"topic {self.topic} has no partitions: create the topics first "
                 "(`mint topics --create`)"
             )
+        if self.key is not None:  # producers place this key by the default partitioner
+            only = partition_for_key(self.key, len(tps))
+            tps = [tp for tp in tps if tp.partition == only]
         follower.assign(tps, "end")
         self._follower = follower
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)

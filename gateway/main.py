@@ -31,7 +31,8 @@ def build(settings: MintSettings, config: GatewayConfig) -> Gateway:
     from streams.topics import ensure_topics
 
     ensure_topics(
-        settings, ["infer.requests", "infer.results", "train.steps", "train.step.results"]
+        settings,
+        ["infer.requests", "infer.results", "infer.deltas", "train.steps", "train.step.results"],
     )
     cluster, session = connect(settings)
     try:

@@ -1,11 +1,11 @@
-"""Engine answers → OpenAI response bodies and stream chunks.
+"""Engine answers → OpenAI response bodies (streams: gateway.streaming, from these parts).
 
-The engine answers whole completions, so a stream is made after generation: per choice one chunk
-with the role and the whole text, then one with its finish reason, then (with
-``stream_options.include_usage``) a usage chunk, then ``[DONE]``. ``system_fingerprint`` is the
-adapter digest that answered (the revision's identity), so a caller sees an alias move take
-effect; the ``x-mint-*`` headers say the same in words. Token strings are not returned by the
-engine: logprobs name tokens as ``token_id:<id>`` (vLLM's ``return_tokens_as_token_ids`` form).
+One ``infer.completed`` answers one prompt with its ``n`` choices (``choices``; with n = 1 the
+top-level fields are the one choice); the response lists prompt k's choice j at index
+``k * n + j``, as OpenAI does. ``system_fingerprint`` is the adapter digest that answered (the
+revision's identity), so a caller sees an alias move take effect; the ``x-mint-*`` headers say
+the same in words. Token strings are not returned by the engine: logprobs name tokens as
+``token_id:<id>`` (vLLM's ``return_tokens_as_token_ids`` form).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from catalog.refs import Ref
 from gateway.errors import ApiError, BadRequest, EngineFailed, ModelNotFound, Unavailable
 from schemas.envelope import Envelope
-from schemas.events import InferCompleted, InferFailed
+from schemas.events import InferChoice, InferCompleted, InferFailed
 
 
 def check_answers(
@@ -36,6 +36,43 @@ def check_answers(
                 prompt_param=prompt_param,
             )
     return [env.payload for env in answers]
+
+
+def choices_of(p: InferCompleted) -> list[InferChoice]:
+    """The answer's choices in order (an answer of one choice carries it in its own fields)."""
+    if p.choices:
+        return sorted(p.choices, key=lambda c: c.index)
+    return [
+        InferChoice(
+            index=0,
+            text=p.text,
+            finish_reason=p.finish_reason,
+            token_ids=p.token_ids,
+            logprobs=p.logprobs,
+        )
+    ]
+
+
+def check_choices(p: InferCompleted, n: int) -> list[InferChoice]:
+    """The ``n`` choices of an answer to a request of ``n``; EngineFailed when the engine sent
+    another number (an engine older than ``InferRequested.n`` answers one): never a response
+    that silently lacks choices."""
+    got = choices_of(p)
+    if [c.index for c in got] != list(range(n)):
+        raise EngineFailed(
+            f"the engine answered choices {[c.index for c in got]} to a request for n={n}; "
+            "the engines may be older than this gateway (upgrade them): tell the operators"
+        )
+    return got
+
+
+def no_answer(timeout_s: float, retry_after_s: int) -> Unavailable:
+    """The 503 of an ask no engine answered within the gateway's answer timeout."""
+    return Unavailable(
+        f"no engine answered within {timeout_s:g} s; the engines may be starting, "
+        "overloaded or down: retry later",
+        headers={"Retry-After": str(retry_after_s)},
+    )
 
 
 def failure_error(
@@ -91,9 +128,10 @@ def revision_headers(done: list[InferCompleted], ref: Ref) -> dict[str, str]:
     return headers
 
 
-def usage(done: list[InferCompleted], per_prompt: int) -> dict[str, int]:
-    """Prompt tokens once per prompt (its ``per_prompt`` choices share it), completions summed."""
-    prompt = sum(p.prompt_tokens for p in done[::per_prompt])
+def usage(done: list[InferCompleted]) -> dict[str, int]:
+    """One answer per prompt: its prompt tokens counted once (its choices share the prefill),
+    its completion tokens summed over its choices (the engine's ``completion_tokens``)."""
+    prompt = sum(p.prompt_tokens for p in done)
     completion = sum(p.completion_tokens for p in done)
     return {
         "prompt_tokens": prompt,
@@ -106,7 +144,7 @@ def _token(t: int) -> str:
     return f"token_id:{t}"
 
 
-def _chat_logprobs(p: InferCompleted) -> dict[str, Any] | None:
+def chat_logprobs(p: InferChoice) -> dict[str, Any] | None:
     if p.logprobs is None:
         return None
     return {
@@ -117,7 +155,7 @@ def _chat_logprobs(p: InferCompleted) -> dict[str, Any] | None:
     }
 
 
-def _completion_logprobs(p: InferCompleted) -> dict[str, Any] | None:
+def completion_logprobs(p: InferChoice) -> dict[str, Any] | None:
     if p.logprobs is None:
         return None
     return {
@@ -128,70 +166,30 @@ def _completion_logprobs(p: InferCompleted) -> dict[str, Any] | None:
     }
 
 
-def _finish(p: InferCompleted) -> str:
+def finish(p: InferChoice) -> str:
     return "stop" if p.finish_reason == "stop" else "length"
 
 
-def _choice(chat: bool, i: int, p: InferCompleted) -> dict[str, Any]:
+def _choice(chat: bool, i: int, c: InferChoice) -> dict[str, Any]:
     if chat:
-        body = {"message": {"role": "assistant", "content": p.text}, "logprobs": _chat_logprobs(p)}
+        body = {"message": {"role": "assistant", "content": c.text}, "logprobs": chat_logprobs(c)}
     else:
-        body = {"text": p.text, "logprobs": _completion_logprobs(p)}
-    return {"index": i, **body, "finish_reason": _finish(p)}
+        body = {"text": c.text, "logprobs": completion_logprobs(c)}
+    return {"index": i, **body, "finish_reason": finish(c)}
 
 
 def response(
-    chat: bool, rid: str, created: int, model: str, done: list[InferCompleted], per_prompt: int
+    chat: bool, rid: str, created: int, model: str, done: list[InferCompleted], n: int
 ) -> dict[str, Any]:
-    """The whole answer: a ``chat.completion`` or a ``text_completion``."""
+    """The whole answer: a ``chat.completion`` or a ``text_completion`` (``done``: one answer
+    per prompt, ``n`` choices each)."""
+    choices = [c for p in done for c in check_choices(p, n)]
     return {
         "id": rid,
         "object": "chat.completion" if chat else "text_completion",
         "created": created,
         "model": model,
         "system_fingerprint": fingerprint(done),
-        "choices": [_choice(chat, i, p) for i, p in enumerate(done)],
-        "usage": usage(done, per_prompt),
+        "choices": [_choice(chat, i, c) for i, c in enumerate(choices)],
+        "usage": usage(done),
     }
-
-
-def stream_chunks(
-    chat: bool,
-    rid: str,
-    created: int,
-    model: str,
-    done: list[InferCompleted],
-    per_prompt: int,
-    include_usage: bool,
-) -> list[dict[str, Any]]:
-    """The chunks of a chat (``chat``) or completion stream: per choice one with its text, then
-    one with its finish reason. The two streams differ only in the object name and in how a
-    choice's text is put (``delta`` or ``text``), so one function makes both."""
-    head = {
-        "id": rid,
-        "object": "chat.completion.chunk" if chat else "text_completion",
-        "created": created,
-        "model": model,
-        "system_fingerprint": fingerprint(done),
-    }
-    out = []
-    for i, p in enumerate(done):
-        if chat:
-            body = {
-                "delta": {"role": "assistant", "content": p.text},
-                "logprobs": _chat_logprobs(p),
-            }
-            end: dict[str, Any] = {"delta": {}}
-        else:
-            body = {"text": p.text, "logprobs": _completion_logprobs(p)}
-            end = {"text": ""}
-        out.append({**head, "choices": [{"index": i, **body, "finish_reason": None}]})
-        out.append(
-            {
-                **head,
-                "choices": [{"index": i, **end, "logprobs": None, "finish_reason": _finish(p)}],
-            }
-        )
-    if include_usage:
-        out.append({**head, "choices": [], "usage": usage(done, per_prompt)})
-    return out

@@ -19,13 +19,14 @@ from catalog.refs import Ref
 from gateway.auth import Authenticator, Budget, Caller
 from gateway.cache import MISSING, Cached
 from gateway.config import GatewayConfig
+from gateway.deltas import Answers
 from gateway.directory import ModelEntry
 from gateway.errors import BadRequest, ModelNotFound, RateLimited, Unauthorized
 from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import RateLimiter, retry_after
-from gateway.responses import check_answers
+from gateway.responses import check_answers, no_answer
 from schemas.envelope import Envelope, make_event
-from schemas.events import InferCompleted, InferRequested
+from schemas.events import InferCompleted, InferFailed, InferRequested
 from schemas.exceptions import EventValidationError
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ class Engines(Protocol):
     async def submit(
         self, envs: list[Envelope[InferRequested]], timeout_s: float
     ) -> list[Envelope[Any]]: ...
+    async def open(self, envs: list[Envelope[InferRequested]], timeout_s: float) -> Answers: ...
 
 
 class Gateway:
@@ -168,17 +170,15 @@ class Gateway:
         return await self._cached(self._models, tenant)
 
     def request_ids(self, n: int) -> tuple[str, list[str]]:
-        """(the response id's stem, one request id per choice) under this instance's prefix."""
+        """(the response id's stem, one request id per prompt) under this instance's prefix."""
         base = uuid.uuid4().hex[:24]
         return base, [f"{self.engines.request_prefix}{base}.{i}" for i in range(n)]
 
-    async def run(
-        self, ref: Ref, model: str, payloads: list[InferRequested], correlation_id: uuid.UUID
-    ) -> list[InferCompleted]:
-        """Ask the engines (one request per choice, one correlation id) and return the answers
-        in order, or the error of the first failed one."""
+    def _envelopes(
+        self, ref: Ref, payloads: list[InferRequested], correlation_id: uuid.UUID
+    ) -> list[Envelope[InferRequested]]:
         try:
-            envs = [
+            return [
                 make_event(
                     p,
                     tenant=ref.tenant,
@@ -190,6 +190,23 @@ class Gateway:
             ]
         except EventValidationError as e:
             raise BadRequest(str(e)) from e
+
+    def count_tokens(self, done: list[InferCompleted]) -> None:
+        """Count the tokens of answered requests (a stream counts its own when it ends)."""
+        self.metrics.tokens.labels("prompt").inc(sum(p.prompt_tokens for p in done))
+        self.metrics.tokens.labels("completion").inc(sum(p.completion_tokens for p in done))
+
+    def streamed(self, done: list[InferCompleted], started: float) -> None:
+        """A stream's answers are all in (``started``: its ``time.perf_counter()`` at publish)."""
+        self.count_tokens(done)
+        self.metrics.engine_seconds.observe(time.perf_counter() - started)
+
+    async def run(
+        self, ref: Ref, model: str, payloads: list[InferRequested], correlation_id: uuid.UUID
+    ) -> list[InferCompleted]:
+        """Ask the engines (one request per prompt, one correlation id) and return the answers
+        in order, or the error of the first failed one."""
+        envs = self._envelopes(ref, payloads, correlation_id)
         answers = await self.engines.submit(envs, self.config.answer_timeout_s)
         done = check_answers(
             answers,
@@ -197,6 +214,32 @@ class Gateway:
             self.config.retry_after_s,
             prompt_param="messages" if payloads[0].chat else "prompt",
         )
-        self.metrics.tokens.labels("prompt").inc(sum(p.prompt_tokens for p in done))
-        self.metrics.tokens.labels("completion").inc(sum(p.completion_tokens for p in done))
+        self.count_tokens(done)
         return done
+
+    async def stream(
+        self, ref: Ref, model: str, payloads: list[InferRequested], correlation_id: uuid.UUID
+    ) -> tuple[Answers, list[tuple[int, Envelope[Any]]]]:
+        """Ask the engines for streamed answers and wait until each request is heard from (a
+        delta, or its answer): the events read so far come back with the open answers, whose
+        caller must close them. A request refused then (a prompt past the context, a policy
+        that does not resolve) is its error here, before any byte of a stream is sent: engines
+        refuse at admission, before they generate. Unavailable at the answer timeout."""
+        envs = self._envelopes(ref, payloads, correlation_id)
+        answers = await self.engines.open(envs, self.config.answer_timeout_s)
+        try:
+            first = await answers.first()
+            check_answers(
+                [env for _, env in first if isinstance(env.payload, InferFailed)],
+                model,
+                self.config.retry_after_s,
+                prompt_param="messages" if payloads[0].chat else "prompt",
+            )
+        except TimeoutError:
+            answers.close()
+            self.metrics.timeouts.inc()
+            raise no_answer(answers.timeout_s, self.config.retry_after_s) from None
+        except BaseException:
+            answers.close()
+            raise
+        return answers, first

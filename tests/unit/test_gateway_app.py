@@ -3,6 +3,7 @@ real ``openai`` client through Starlette's TestClient: response shapes, streamin
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import UTC, datetime
 
@@ -13,11 +14,12 @@ from fastapi.testclient import TestClient
 
 from catalog.apikeys import new_key
 from catalog.models import ApiKey, TenantAccess
-from gateway import GatewayConfig, create_app
+from gateway import GatewayConfig, create_app, responses
+from gateway.deltas import Answers
 from gateway.directory import ModelEntry
 from gateway.service import Gateway
 from schemas import make_event
-from schemas.events import InferCompleted, InferFailed
+from schemas.events import InferChoice, InferCompleted, InferDelta, InferFailed
 
 D1 = "sha256:" + "1" * 64
 D2 = "sha256:" + "2" * 64
@@ -61,6 +63,10 @@ class FakeCatalog:
 
 
 class FakeEngines:
+    """Engines that answer at once: choice j of a prompt is ``re:<prompt>`` (``+j`` for j > 0);
+    a streamed request gets its text in deltas of two characters first (``script`` reorders or
+    drops events: it takes and returns the list of one request's events)."""
+
     request_prefix = "gw-test."
     healthy = True
 
@@ -68,6 +74,8 @@ class FakeEngines:
         self.seen: list = []
         self.bound: list[dict] = []
         self.fail_stage: str | None = None
+        self.cancelled: list = []
+        self.script = lambda events: events
 
     def start(self) -> None:
         pass
@@ -75,46 +83,88 @@ class FakeEngines:
     def close(self) -> None:
         pass
 
+    def answer(self, env):
+        p = env.payload
+        if self.fail_stage:
+            payload = InferFailed(
+                request_id=p.request_id,
+                ref="x",
+                stage=self.fail_stage,
+                error="PolicyNotFound: acme/x does not exist",
+                engine_id="e0",
+            )
+        else:
+            revision, digest = (p.revision, D2) if p.revision else (1, D1)
+            choices = [
+                InferChoice(
+                    index=j,
+                    text=f"re:{p.prompt}" + (f"+{j}" if j else ""),
+                    finish_reason="stop",
+                    token_ids=[5, 6],
+                    logprobs=[-0.5, -0.25] if p.logprobs else None,
+                )
+                for j in range(p.n)
+            ]
+            payload = InferCompleted(
+                request_id=p.request_id,
+                revision=revision,
+                adapter_digest=digest,
+                engine_id="e0",
+                text=choices[0].text,
+                finish_reason="stop",
+                prompt_tokens=3,
+                completion_tokens=2 * p.n,
+                latency_ms=1.0,
+                token_ids=[5, 6],
+                alias=None if p.revision else p.alias,
+                logprobs=choices[0].logprobs,
+                choices=choices if p.n > 1 else None,
+            )
+        return make_event(
+            payload, tenant=env.tenant, policy=env.policy, producer="serving/e0", caused_by=env
+        )
+
+    def deltas(self, env, final):
+        out = []
+        for c in responses.choices_of(final.payload):
+            for seq, at in enumerate(range(0, len(c.text), 2)):
+                delta = InferDelta(
+                    request_id=env.payload.request_id,
+                    engine_id="e0",
+                    index=c.index,
+                    seq=seq,
+                    offset=at,
+                    text=c.text[at : at + 2],
+                    tokens=1,
+                    revision=final.payload.revision,
+                )
+                out.append(
+                    make_event(
+                        delta,
+                        tenant=env.tenant,
+                        policy=env.policy,
+                        producer="serving/e0",
+                        caused_by=env,
+                    )
+                )
+        return out
+
     async def submit(self, envs, timeout_s):
         self.seen.extend(envs)
         self.bound.append(structlog.contextvars.get_contextvars())
-        out = []
-        for env in envs:
-            p = env.payload
-            if self.fail_stage:
-                payload = InferFailed(
-                    request_id=p.request_id,
-                    ref="x",
-                    stage=self.fail_stage,
-                    error="PolicyNotFound: acme/x does not exist",
-                    engine_id="e0",
-                )
-            else:
-                revision, digest = (p.revision, D2) if p.revision else (1, D1)
-                payload = InferCompleted(
-                    request_id=p.request_id,
-                    revision=revision,
-                    adapter_digest=digest,
-                    engine_id="e0",
-                    text=f"re:{p.prompt}",
-                    finish_reason="stop",
-                    prompt_tokens=3,
-                    completion_tokens=2,
-                    latency_ms=1.0,
-                    token_ids=[5, 6],
-                    alias=None if p.revision else p.alias,
-                    logprobs=[-0.5, -0.25] if p.logprobs else None,
-                )
-            out.append(
-                make_event(
-                    payload,
-                    tenant=env.tenant,
-                    policy=env.policy,
-                    producer="serving/e0",
-                    caused_by=env,
-                )
-            )
-        return out
+        return [self.answer(env) for env in envs]
+
+    async def open(self, envs, timeout_s):
+        self.seen.extend(envs)
+        self.bound.append(structlog.contextvars.get_contextvars())
+        answers = Answers(envs, timeout_s, on_cancel=self.cancelled.extend)
+        loop = asyncio.get_running_loop()
+        for k, env in enumerate(envs):
+            final = self.answer(env)
+            streamed = [] if self.fail_stage else self.deltas(env, final)
+            for event in self.script([*streamed, final]):
+                loop.call_soon(answers.put, k, event)
+        return answers
 
 
 @pytest.fixture
@@ -151,13 +201,15 @@ def test_chat_answer_names_the_revision_and_carries_the_conversation(world) -> N
         ],
     )
     r = raw.parse()
-    assert [c.message.content for c in r.choices] == ["re:second", "re:second"]
+    assert [c.message.content for c in r.choices] == ["re:second", "re:second+1"]
     assert r.system_fingerprint == D1 and r.model == "math@prod" and r.id.startswith("chatcmpl-")
     assert r.usage.prompt_tokens == 3 and r.usage.completion_tokens == 4
     assert raw.headers["x-mint-revision"] == "1" and raw.headers["x-mint-alias"] == "prod"
     assert raw.headers["x-mint-adapter-digest"] == D1 and raw.headers["x-mint-engine-ms"] == "1.0"
     sent = [e.payload for e in engines.seen]
-    assert [p.seed for p in sent] == [7, 8] and all(p.chat and p.stop == ["\n"] for p in sent)
+    # the n choices are one request (one prefill), one seed
+    assert [(p.seed, p.n) for p in sent] == [(7, 2)] and sent[0].chat and sent[0].stop == ["\n"]
+    assert sent[0].stream_to is None
     assert [(m.role, m.content) for m in sent[0].messages] == [
         ("system", "be brief"),
         ("user", "first"),
@@ -184,7 +236,7 @@ def test_defaults_follow_openai_and_pinned_digests_become_revisions(world) -> No
 
 
 def test_streamed_chat_is_read_by_the_openai_client(world) -> None:
-    catalog, _, http = world
+    catalog, engines, http = world
     oa = client(http, catalog.add_key("acme"))
     chunks = list(
         oa.chat.completions.create(
@@ -196,19 +248,26 @@ def test_streamed_chat_is_read_by_the_openai_client(world) -> None:
             stream_options={"include_usage": True},
         )
     )
-    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text == "re:hey"
+    # vLLM's order: the role (empty content), the deltas' text, the finish, the usage
+    assert (
+        chunks[0].choices[0].delta.role == "assistant" and chunks[0].choices[0].delta.content == ""
+    )
+    pieces = [c.choices[0].delta.content for c in chunks[1:] if c.choices]
+    assert pieces == ["re", ":h", "ey", "", None]  # "": the completion's chunk with the logprobs
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
-    assert chunks[-1].usage.total_tokens == 5 and all(c.system_fingerprint == D1 for c in chunks)
+    assert chunks[-1].usage.total_tokens == 5 and chunks[-1].system_fingerprint == D1
+    assert chunks[1].system_fingerprint is None  # the digest is known from the completion on
     lps = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
-    assert [t.token for t in lps[0].content] == ["token_id:5", "token_id:6"]
+    assert len(lps) == 1 and [t.token for t in lps[0].content] == ["token_id:5", "token_id:6"]
+    sent = engines.seen[-1].payload
+    assert sent.stream_to == "gw-test" and sent.n == 1
 
 
 def test_completions_plain_and_streamed_with_logprobs(world) -> None:
     catalog, engines, http = world
     oa = client(http, catalog.add_key("acme"))
     r = oa.completions.create(model="math@3", prompt=["a", "b"], n=2, max_tokens=2, logprobs=0)
-    assert [c.text for c in r.choices] == ["re:a", "re:a", "re:b", "re:b"]
+    assert [c.text for c in r.choices] == ["re:a", "re:a+1", "re:b", "re:b+1"]
     assert [c.index for c in r.choices] == [0, 1, 2, 3]
     assert r.choices[0].logprobs.token_logprobs == [-0.5, -0.25]
     assert r.usage.prompt_tokens == 6 and r.system_fingerprint == D2
@@ -311,7 +370,8 @@ def test_requests_carry_the_answer_timeout_as_their_deadline(world) -> None:
     before = datetime.now(UTC)
     client(http, catalog.add_key("acme")).completions.create(model="math@prod", prompt="a", n=2)
     timeout = GatewayConfig(instance_id="x").answer_timeout_s  # the world's gateway: default
-    for env in engines.seen[-2:]:
+    assert engines.seen[-1].payload.n == 2  # one request for the n choices
+    for env in engines.seen[-1:]:
         deadline = env.payload.expires_at
         assert before + timedelta(seconds=timeout - 5) <= deadline
         assert deadline <= datetime.now(UTC) + timedelta(seconds=timeout)
