@@ -1,28 +1,23 @@
-"""Which prompts the engine prefills before a batch (to fill vLLM's prefix cache), the chat
+"""Which prompts the engine prefills before a batch (to fill vLLM's prefix cache), how a
+request's text is handed on while it is generated (DeltaStream), the chat
 rendering's error, and what the engine admits into a batch (vLLM serve's rules on the context and
 sampling values); vLLM itself is faked (the e2e serving tests run the real one)."""
 
 from __future__ import annotations
 
-import threading
+import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from workers.serving import generation
 from workers.serving.admission import admit
 from workers.serving.engine import EngineConfig, GenRequest, LoraHandle, VllmEngine
 from workers.serving.exceptions import EngineError, RequestRefused
+from workers.serving.generation import DeltaStream, shared_prefixes
 
 pytestmark = pytest.mark.unit
-
-
-class _FakeLLM:
-    def __init__(self) -> None:
-        self.calls: list[tuple[list, list]] = []
-
-    def generate(self, prompts, params, lora_request=None, use_tqdm=False):
-        self.calls.append((list(prompts), list(lora_request or [])))
-        return []
 
 
 class _WordTokenizer:
@@ -38,9 +33,7 @@ class _WordTokenizer:
 def _engine() -> VllmEngine:
     engine = VllmEngine.__new__(VllmEngine)  # no vLLM: only the batch logic is under test
     engine.config = EngineConfig(model="m", max_model_len=32)
-    engine.llm = _FakeLLM()
     engine.tokenizer = _WordTokenizer()
-    engine._lock = threading.Lock()
     return engine
 
 
@@ -48,29 +41,61 @@ def _lora(i: int) -> LoraHandle:
     return LoraHandle(i, f"a{i}", Path(f"/a{i}"))
 
 
-def test_every_prompt_of_an_n_sample_request_and_one_chat_prompt_per_adapter_are_warmed():
-    engine = _engine()
+def test_one_chat_prompt_per_adapter_with_several_is_prefilled_first():
     reqs = [
-        GenRequest("g1", n=8),
-        GenRequest("g2", n=8, lora=_lora(1)),
+        GenRequest("g1", n=8),  # warms its own prompt
         GenRequest("c1", chat=True, lora=_lora(1)),
         GenRequest("c2", chat=True, lora=_lora(1)),
         GenRequest("c3", chat=True, lora=_lora(2)),  # alone for its adapter: nothing shared
         GenRequest("raw1", lora=_lora(3)),
         GenRequest("raw2", lora=_lora(3)),
     ]
-    prompts = [r.prompt for r in reqs]
-    engine._prefill_once(prompts, reqs, [r.lora for r in reqs])
-    ((warmed, loras),) = engine.llm.calls
-    assert warmed == ["g1", "g2", "c1"]
-    assert [x.lora_id if x else None for x in loras] == [None, 1, 1]
+    assert [r.prompt for r in shared_prefixes(reqs)] == ["c1"]
+    assert shared_prefixes([GenRequest("one", chat=True), GenRequest("two", lora=_lora(1))]) == []
 
 
-def test_a_batch_without_shared_prefixes_costs_no_extra_call() -> None:
-    engine = _engine()
-    reqs = [GenRequest("one", chat=True), GenRequest("two", lora=_lora(1))]
-    engine._prefill_once([r.prompt for r in reqs], reqs, [r.lora for r in reqs])
-    assert engine.llm.calls == []
+class _Out:
+    """A vLLM RequestOutput in DELTA mode: the new text and tokens of some choices."""
+
+    def __init__(self, *choices, prompt=(1, 2)) -> None:
+        self.prompt_token_ids = list(prompt)
+        self.outputs = [
+            SimpleNamespace(index=i, text=t, token_ids=list(ids), logprobs=None, finish_reason=f)
+            for i, t, ids, f in choices
+        ]
+
+
+def test_a_stream_passes_the_first_text_at_once_then_batches_and_assembles_every_choice(
+    monkeypatch,
+) -> None:
+    now = [100.0]
+    monkeypatch.setattr(generation.time, "monotonic", lambda: now[0])
+    sent: list[tuple[int, str, int]] = []
+    stream = DeltaStream(2, lambda i, text, n: sent.append((i, text, n)))
+    stream.add(_Out((0, "He", [1], None), (1, "Yo", [2], None)))  # first text: at once
+    now[0] += 0.01
+    stream.add(_Out((0, "llo", [3], None)))  # 10 ms later: held
+    now[0] += 0.05
+    stream.add(_Out((0, " you", [4], None)))  # 60 ms after the last: due
+    stream.add(_Out((0, "", [5], "stop"), (1, "!", [6], "length")))  # finished: flushed
+    # (choice 0's last token added no text: nothing to send for it)
+    assert sent == [(0, "He", 1), (1, "Yo", 1), (0, "llo you", 2), (1, "!", 1)]
+    res = stream.result()
+    assert [s.text for s in res.samples] == ["Hello you", "Yo!"]
+    assert [s.token_ids for s in res.samples] == [[1, 3, 4, 5], [2, 6]]
+    assert [s.finish_reason for s in res.samples] == ["stop", "length"]
+    assert res.prompt_token_ids == [1, 2]
+
+
+def test_a_stream_passes_text_every_sixteen_tokens_however_fast_they_come(monkeypatch) -> None:
+    monkeypatch.setattr(generation.time, "monotonic", lambda: 5.0)  # no time passes
+    sent: list[int] = []
+    stream = DeltaStream(1, lambda i, text, n: sent.append(n))
+    for k in range(40):
+        stream.add(_Out((0, f"t{k}", [k], None)))
+    assert sent == [1, 16, 16]  # the first at once, then every 16 tokens; 7 still held
+    stream.add(_Out((0, ".", [40], "stop")))
+    assert sent[-1] == 8 and sum(sent) == 41
 
 
 def test_chat_on_a_model_without_a_template_names_the_fix() -> None:
@@ -154,6 +179,6 @@ def test_a_chat_request_to_a_model_without_a_template_is_refused_not_failed() ->
 
 def test_generate_turns_a_sampling_value_vllm_refuses_into_an_engine_error() -> None:
     # SamplingParams was built outside generate's try: its ValueError left the serving loop and
-    # the process exited (issue 25, 1).
+    # the process exited (issue 25, 1). Now it ends that request alone, as an EngineError.
     with pytest.raises(EngineError, match="temperature"):
-        _engine().generate([GenRequest("hi", temperature=5.0)])
+        asyncio.run(_engine()._run(GenRequest("hi", temperature=5.0), "r-1", None))

@@ -186,7 +186,7 @@ class TokenEngine(GenEngine):
         ]
 
 
-def test_an_out_of_vocabulary_request_fails_alone_and_its_wave_is_answered(tmp_path) -> None:
+def test_an_out_of_vocabulary_request_fails_alone_and_the_others_are_answered(tmp_path) -> None:
     store = AdapterStore(tmp_path / "store")
     ref = put(store, tmp_path, 0, policy="p0")
     engine = TokenEngine()
@@ -230,4 +230,4 @@ def test_an_out_of_vocabulary_request_fails_alone_and_its_wave_is_answered(tmp_p
     assert isinstance(good, InferCompleted) and good.prompt_tokens == 3
     assert good.token_ids == [7, 8] and good.logprobs == [-0.5, -1.5]
     assert isinstance(answers["text"], InferCompleted)
-    assert engine.prompts == [[[3, 4, 5], "two words"]]  # one wave; the bad one never ran
+    assert engine.prompts == [[[3, 4, 5]], ["two words"]]  # each ran; the bad one never did

@@ -41,9 +41,34 @@ class GenEngine(FakeEngine):
     def __init__(self) -> None:
         super().__init__()
         self.batches: list[list[int]] = []
+        self.submitted: list[str] = []
+        self.hold: set[str] = set()
+        self.running_now: dict[str, tuple] = {}
+        self.aborted: set[str] = set()
+        self.aborted_error = None
 
     def admit(self, r):
         return admit(r, prompt_tokens=len(r.prompt.split()) + 1, max_model_len=self.max_model_len)
+
+    def submit(self, r, request_id, on_done, on_delta=None):
+        """vLLM's asynchronous engine, faked: each request runs alone, at once."""
+        self.submitted.append(request_id)
+        if request_id in self.hold:  # keeps running until finish(request_id)
+            self.running_now[request_id] = (r, on_done)
+            return
+        try:
+            (result,) = self.generate([r])
+        except Exception as e:
+            on_done(None, e)
+        else:
+            on_done(result, None)
+
+    def finish(self, request_id: str) -> None:
+        r, on_done = self.running_now.pop(request_id)
+        on_done(*((None, self.aborted_error) if request_id in self.aborted else (self.generate([r])[0], None)))
+
+    def abort(self, request_id: str) -> None:
+        self.aborted.add(request_id)
 
     def generate(self, requests):
         if any("poison" in r.prompt for r in requests):

@@ -14,7 +14,13 @@ import structlog
 from catalog.models import Resolved
 from catalog.refs import Ref
 from schemas.envelope import Envelope, make_event, make_reply
-from schemas.events import InferCompleted, InferFailed, InferRequested, LoadRequested
+from schemas.events import (
+    InferChoice,
+    InferCompleted,
+    InferFailed,
+    InferRequested,
+    LoadRequested,
+)
 from schemas.logs import bound_event
 from workers.serving import metrics
 
@@ -29,6 +35,22 @@ class Pending:
     received: float = field(default_factory=time.perf_counter)
     load_wait_ms: float = 0.0
     cold: bool = False
+
+
+@dataclass
+class Flight:
+    """A request running in the engine: what its deltas and its answer need."""
+
+    it: Pending
+    engine_request_id: str
+    n: int
+    started: float = field(default_factory=time.perf_counter)
+    cancelled: bool = False
+    seq: list[int] = field(default_factory=list)  # per choice: deltas sent
+    chars: list[int] = field(default_factory=list)  # per choice: characters streamed
+
+    def __post_init__(self) -> None:
+        self.seq, self.chars = [0] * self.n, [0] * self.n
 
 
 def past_deadline(env: Envelope[InferRequested]) -> bool:
@@ -69,8 +91,21 @@ class Answers:
         self.engine_id, self.base_model, self.stats = engine_id, base_model, stats
         self.producer_name = f"serving/{engine_id}"
 
-    def completed(self, it: Pending, res: Any, t0: float, gen_ms: float, wave: int):
+    def completed(self, it: Pending, res: Any, t0: float, gen_ms: float, running: int):
+        """``running``: requests in the engine beside this one when it finished."""
         s = res.samples[0]
+        choices = None
+        if len(res.samples) > 1:
+            choices = [
+                InferChoice(
+                    index=i,
+                    text=c.text,
+                    finish_reason=_finish(c.finish_reason),
+                    token_ids=c.token_ids,
+                    logprobs=c.logprobs if it.env.payload.logprobs else None,
+                )
+                for i, c in enumerate(res.samples)
+            ]
         queued = max(0.0, (t0 - it.received) * 1000 - it.load_wait_ms)
         latency_ms = (time.perf_counter() - it.received) * 1000
         done = self.event(
@@ -81,9 +116,9 @@ class Answers:
                 adapter_digest=it.ref.digest,
                 engine_id=self.engine_id,
                 text=s.text,
-                finish_reason="stop" if s.finish_reason == "stop" else "length",
+                finish_reason=_finish(s.finish_reason),
                 prompt_tokens=len(res.prompt_token_ids),
-                completion_tokens=len(s.token_ids),
+                completion_tokens=sum(len(c.token_ids) for c in res.samples),
                 latency_ms=latency_ms,
                 cold_load=it.cold,
                 alias=it.alias,
@@ -92,6 +127,7 @@ class Answers:
                 loading_ms=it.load_wait_ms,
                 generating_ms=gen_ms,
                 logprobs=s.logprobs if it.env.payload.logprobs else None,
+                choices=choices,
             ),
         )
         self.stats["completed"] += 1
@@ -103,7 +139,7 @@ class Answers:
                 revision=it.ref.revision,
                 cold_load=it.cold,
                 latency_ms=round(latency_ms, 1),
-                wave=wave,
+                running=running,
             )
         return done
 
@@ -120,6 +156,16 @@ class Answers:
             it=it,
             t0=t0,
             retryable=True,
+        )
+
+    def cancelled(self, env, ref: Ref, *, it: Pending | None = None) -> Envelope[Any]:
+        return self.failed(
+            env,
+            ref,
+            "expired",
+            "cancelled: the caller stopped waiting (infer.cancel)",
+            it=it,
+            code="cancelled",
         )
 
     def failed(
@@ -184,3 +230,8 @@ class Answers:
 
     def event(self, cause: Envelope[Any], payload) -> Envelope[Any]:
         return make_reply(payload, cause, producer=self.producer_name)
+
+
+def _finish(reason: str | None) -> str:
+    """vLLM's finish reason as the contract spells it (an abort is answered as cancelled)."""
+    return "stop" if reason == "stop" else "length"

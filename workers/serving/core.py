@@ -27,6 +27,7 @@ workers.serving.metrics.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -38,10 +39,26 @@ import structlog
 
 from catalog.models import Resolved
 from schemas.envelope import Envelope, make_event
-from schemas.events import AdapterEvicted, AdapterLoaded, AliasMoved, InferRequested, LoadRequested
+from schemas.events import (
+    AdapterEvicted,
+    AdapterLoaded,
+    AliasMoved,
+    InferCancel,
+    InferDelta,
+    InferRequested,
+    LoadRequested,
+)
 from streams.records import is_transient
 from workers.serving import metrics
-from workers.serving.answers import Answers, Pending, bound, past_deadline, reason, request_ref
+from workers.serving.answers import (
+    Answers,
+    Flight,
+    Pending,
+    bound,
+    past_deadline,
+    reason,
+    request_ref,
+)
 from workers.serving.engine import GenRequest, LoraHandle
 from workers.serving.exceptions import RequestRefused
 from workers.serving.loads import ColdLoads, adapter_key, load_ref
@@ -62,6 +79,7 @@ class ServingCore:
         engine_id: str,
         base_model: str,
         max_num_seqs: int = 32,
+        max_in_flight: int | None = None,
         fifo: bool = False,
         load_retry_s: float = 30.0,
         dedupe_ids: int = 65_536,
@@ -69,10 +87,13 @@ class ServingCore:
     ) -> None:
         """``load_retry_s``: ask again for a load that has not come after this long (its
         requests wait on); ``dedupe_ids``: how many recent request ids are remembered to answer
-        a re-sent request once."""
+        a re-sent request once; ``max_in_flight``: requests submitted to vLLM at once
+        (default twice ``max_num_seqs``: vLLM's own queue stays fed, and the rest wait here in
+        demand order, where they can still expire or be cancelled)."""
         self.engine, self.ws, self.resolver = engine, working_set, resolver
         self.engine_id, self.base_model, self.max_num_seqs = engine_id, base_model, max_num_seqs
         self.dedupe_ids = dedupe_ids
+        self.max_in_flight = max_in_flight or 2 * max_num_seqs
         self.producer_name = f"serving/{engine_id}"
         self.ready: DemandScheduler[Pending] = DemandScheduler(fifo=fifo)
         self._seen: OrderedDict[UUID, None] = OrderedDict()  # request ids taken, oldest first
@@ -84,7 +105,6 @@ class ServingCore:
             "loads_skipped": 0,
             "loads_reissued": 0,
             "duplicates": 0,
-            "batch_retries": 0,
         }
         self.answers = Answers(engine_id, base_model, self.stats)
         self.loads = ColdLoads(
@@ -103,7 +123,13 @@ class ServingCore:
         # emit(events): hand results over as soon as each wave (and each load) ran, instead of
         # returning them when the whole batch is done (the worker publishes them at once, so the
         # most waited-for adapters' answers are out before the later waves run). None: return.
+        # (emit may be called from the engine's thread, as requests finish.)
         self.emit: Callable[[list[Envelope[Any]]], None] | None = None
+        # stream(delta, key): publish an infer.delta keyed by the reader (engine thread)
+        self.stream: Callable[[Envelope[Any], str], None] | None = None
+        self._lock = threading.Lock()  # flights: the Kafka thread and the engine's thread
+        self._flights: dict[UUID, Flight] = {}
+        self._finished_answers: list[Envelope[Any]] = []
         # Events made but not handed over: evictions, and what was made before an outage
         # interrupted a load or a wave (drain_events; the worker publishes them at its flush).
         self._later: list[Envelope[Any]] = []
@@ -235,23 +261,36 @@ class ServingCore:
             return it.env.event_id in event_ids
 
         dropped = self.ready.remove(gone) + self.loads.drop(gone)
-        for it in dropped:  # if the partition comes back, they are taken again
+        with self._lock:  # running ones are aborted, unanswered here
+            flights = [self._flights.pop(eid) for eid in event_ids if eid in self._flights]
+        for flight in flights:
+            self.engine.abort(flight.engine_request_id)
+        for it in dropped + [f.it for f in flights]:  # if the partition comes back: taken again
             self._seen.pop(it.env.event_id, None)
-        return len(dropped)
+        return len(dropped) + len(flights)
 
-    # Generation.
+    # Generation: every ready request is submitted as soon as it is ready and joins vLLM's
+    # running batch (continuous batching); its answer is made when vLLM finishes it.
 
     def serve(self) -> list[Envelope[Any]]:
-        """Run every ready request in waves of at most max_loras adapters."""
+        """Start ready requests, most waited-for adapters first, while fewer than
+        ``max_in_flight`` run; returns the answers made meanwhile (refusals at admission, and
+        the requests that finished, when no ``emit`` takes them as they come)."""
         out: list[Envelope[Any]] = []
         try:
-            while len(self.ready):
-                wave = self.ready.next_wave(self.ws.max_loras, self.max_num_seqs)
-                out = self._hand_over(out + self._run_wave(wave))
+            while len(self.ready) and self.in_flight < self.max_in_flight:
+                room = self.max_in_flight - self.in_flight
+                out += self._start(self.ready.next_wave(self.ws.max_loras, room))
+                self.stats["waves"] += 1
         except BaseException:
             self._later += out
             raise
-        return out
+        return self._hand_over(out + self._take_finished())
+
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted to the engine and not finished."""
+        return len(self._flights)
 
     def _hand_over(self, out: list[Envelope[Any]]) -> list[Envelope[Any]]:
         """What is left to return: ``out`` itself, or nothing once ``emit`` took it."""
@@ -260,11 +299,11 @@ class ServingCore:
         self.emit(out)
         return []
 
-    def _run_wave(self, wave: list[tuple[str, Pending]]) -> list[Envelope[Any]]:
-        """Answer every request of ``wave``. An outage (the store away while a request's adapter
-        is loaded again) puts the wave's unanswered requests back in the queue and propagates."""
+    def _start(self, wave: list[tuple[str, Pending]]) -> list[Envelope[Any]]:
+        """Submit every request of ``wave``. An outage (the store away while a request's adapter
+        is loaded again) puts the wave's requests not yet submitted back in the queue and
+        propagates."""
         out: list[Envelope[Any]] = []
-        batch: list[tuple[Pending, GenRequest]] = []
         for i, (_, it) in enumerate(wave):
             if past_deadline(it.env):  # waited past its deadline: answer so, spend no slot on it
                 out.append(self.answers.expired(it.env, request_ref(it.env), it=it))
@@ -273,7 +312,7 @@ class ServingCore:
                 handle = self.ws.ensure(it.ref)  # a hit unless evicted since it was queued
             except Exception as e:
                 if is_transient(e):
-                    self.ready.restore([(adapter_key(b.ref), b) for b, _ in batch] + wave[i:])
+                    self.ready.restore(wave[i:])
                     self._later += out
                     raise
                 out.append(
@@ -281,7 +320,7 @@ class ServingCore:
                 )
                 continue
             try:
-                batch.append((it, self.engine.admit(_gen_request(it, handle))))
+                gen = self.engine.admit(_gen_request(it, handle))
             except Exception as e:  # RequestRefused: what this engine cannot run
                 code = e.code if isinstance(e, RequestRefused) else None
                 out.append(
@@ -294,38 +333,98 @@ class ServingCore:
                         code=code,
                     )
                 )
-        if batch:
-            out += self._generate(batch)
+                continue
+            self.ws.used_in_batch([it.ref.digest])
+            self._submit(it, gen)
         return out
 
-    def _generate(self, batch: list[tuple[Pending, GenRequest]]) -> list[Envelope[Any]]:
-        adapters = list(dict.fromkeys(it.ref.digest for it, _ in batch))
-        self.ws.used_in_batch(adapters)
-        metrics.WAVE_REQUESTS.observe(len(batch))
-        metrics.WAVE_ADAPTERS.observe(len(adapters))
-        t0 = time.perf_counter()
-        try:
-            results = self.engine.generate([g for _, g in batch])
-        except Exception as e:
-            if len(batch) == 1:
-                (it, _), error = batch[0], reason(e, plain=True)
-                return [self.answers.failed(it.env, request_ref(it.env), "generate", error, it=it)]
-            # vLLM fails a whole batch for one bad request: run each alone, only it fails.
-            self.stats["batch_retries"] += 1
-            metrics.BATCH_RETRIES.inc()
-            log.warning(
-                "a wave failed; its requests run one by one",
-                requests=len(batch),
-                error=reason(e)[:300],
-            )
-            return [answer for item in batch for answer in self._generate([item])]
-        gen_ms = (time.perf_counter() - t0) * 1000
+    def _submit(self, it: Pending, gen: GenRequest) -> None:
+        flight = Flight(it, str(it.env.event_id), it.env.payload.n)
+        with self._lock:
+            self._flights[it.env.event_id] = flight
+        stream_to = it.env.payload.stream_to
+        self.engine.submit(
+            gen,
+            flight.engine_request_id,
+            on_done=lambda result, error: self._finished(it.env.event_id, result, error),
+            on_delta=(lambda i, text, n: self._delta(flight, i, text, n)) if stream_to else None,
+        )
+
+    def _delta(self, flight: Flight, index: int, text: str, tokens: int) -> None:
+        """(engine thread) Text generated since the last delta of one choice: an infer.delta
+        keyed by the reader the request named (``stream_to``)."""
+        if self.stream is None:
+            return
+        it = flight.it
+        env = self.answers.event(
+            it.env,
+            InferDelta(
+                request_id=it.env.payload.request_id,
+                engine_id=self.engine_id,
+                index=index,
+                seq=flight.seq[index],
+                offset=flight.chars[index],
+                text=text,
+                tokens=tokens,
+                revision=it.ref.revision,
+            ),
+        )
+        flight.seq[index] += 1
+        flight.chars[index] += len(text)
+        self.stream(env, it.env.payload.stream_to or "")
+
+    def _finished(self, event_id: UUID, result: Any, error: BaseException | None) -> None:
+        """(engine thread) A request ended: its answer goes out now (``emit``) or with the next
+        ``serve``. A request dropped meanwhile (its partition moved) is not answered here."""
+        with self._lock:
+            flight = self._flights.pop(event_id, None)
+        if flight is None:
+            return
+        it = flight.it
+        gen_ms = (time.perf_counter() - flight.started) * 1000
         metrics.GENERATE_SECONDS.observe(gen_ms / 1000)
-        self.stats["waves"] += 1
-        return [
-            self.answers.completed(it, res, t0, gen_ms, len(batch))
-            for (it, _), res in zip(batch, results, strict=True)
-        ]
+        if flight.cancelled:
+            answer = self.answers.cancelled(it.env, request_ref(it.env), it=it)
+        elif error is not None:
+            answer = self.answers.failed(
+                it.env, request_ref(it.env), "generate", reason(error, plain=True), it=it
+            )
+        else:
+            answer = self.answers.completed(it, result, flight.started, gen_ms, self.in_flight)
+        if self.emit is not None:
+            self.emit([answer])
+        else:
+            with self._lock:
+                self._finished_answers.append(answer)
+
+    def _take_finished(self) -> list[Envelope[Any]]:
+        with self._lock:
+            out, self._finished_answers = self._finished_answers, []
+        return out
+
+    def cancel(self, env: Envelope[InferCancel]) -> list[Envelope[Any]]:
+        """The caller stopped waiting: abort its request if it runs (answered when vLLM ends
+        it), or answer it now if it waits. Only the request's own tenant and policy may cancel
+        it; a cancel for a request answered already, or not this engine's, changes nothing."""
+        target = env.payload.request_event_id
+
+        def own(it: Pending) -> bool:
+            return (
+                it.env.event_id == target
+                and (it.env.tenant, it.env.policy) == (env.tenant, env.policy)
+                and it.env.payload.request_id == env.payload.request_id
+            )
+
+        with self._lock:
+            flight = self._flights.get(target)
+            if flight is not None and own(flight.it):
+                flight.cancelled = True
+        if flight is not None:
+            if flight.cancelled:
+                self.engine.abort(flight.engine_request_id)
+            return []
+        waiting = self.ready.remove(own) + self.loads.drop(own)
+        return [self.answers.cancelled(it.env, request_ref(it.env), it=it) for it in waiting]
 
 
 def _gen_request(it: Pending, handle: LoraHandle) -> GenRequest:
@@ -344,4 +443,5 @@ def _gen_request(it: Pending, handle: LoraHandle) -> GenRequest:
         messages=turns,
         top_p=p.top_p,
         stop=tuple(p.stop),
+        n=p.n,
     )

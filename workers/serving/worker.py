@@ -35,7 +35,14 @@ from kafka.coordinator.assignors.range import RangePartitionAssignor
 from kafka.errors import KafkaError
 
 from schemas.envelope import Envelope
-from schemas.events import AliasMoved, InferCompleted, InferFailed, InferRequested, LoadRequested
+from schemas.events import (
+    AliasMoved,
+    InferCancel,
+    InferCompleted,
+    InferFailed,
+    InferRequested,
+    LoadRequested,
+)
 from schemas.names import policy_id
 from schemas.registry import encode_event
 from schemas.settings import MintSettings
@@ -110,6 +117,7 @@ class ServingWorker:
         self.producer = EventProducer(settings, client_id=f"serving-{core.engine_id}", linger_ms=0)
         self._outbox: list[Envelope[Any]] = []
         self._sent: list[tuple[Envelope[Any], Any]] = []  # sent by _emit, not confirmed yet
+        self._sent_lock = threading.Lock()  # _emit also runs on the engine's thread
         self._loads_queued: list[tuple[TopicPartition, Envelope[LoadRequested]]] = []
         self._request_partition: dict[Any, TopicPartition] = {}  # held request event id -> tp
         self.loops: list[ConsumerLoop] = []
@@ -122,6 +130,8 @@ class ServingWorker:
         self._infer_topic = topic_for(settings, "infer.requests")
         core.serves = self._serves
         core.emit = self._emit
+        core.stream = self._stream
+        self._delta_topic = topic_for(settings, "infer.deltas")
         # Requests are answered polls after they were read: held until their answer is out.
         self._deferred = DeferredWork(
             settings,
@@ -202,7 +212,9 @@ class ServingWorker:
 
     def _on_record(self, env: Envelope[Any], record) -> None:
         tp = TopicPartition(record.topic, record.partition)
-        if isinstance(env.payload, InferRequested):
+        if isinstance(env.payload, InferCancel):  # nothing to hold: acted on at once
+            self._outbox += self.core.cancel(env)
+        elif isinstance(env.payload, InferRequested):
             if self.core.seen(env.event_id):  # delivered again: answered once, nothing held
                 self.core.on_infer(env)  # (counts it)
                 return
@@ -226,27 +238,39 @@ class ServingWorker:
         self._flush()
 
     def _emit(self, events: list[Envelope[Any]]) -> None:
-        """Send a wave's answers (or a load's events) as soon as the core has them, without
-        waiting for the broker: an answer does not wait for the rest of the poll's loads and
-        waves. ``_flush`` confirms them, and only then releases their requests' offsets."""
+        """Send answers (or a load's events) as soon as the core has them, without waiting for
+        the broker: an answer leaves the moment vLLM finished its request (this runs on the
+        engine's thread then). ``_flush`` confirms them, and only then releases their requests'
+        offsets."""
         for env in events:
             try:
                 sent = self.producer.send_async(
                     topic_for_type(self.settings, env.type), encode_event(env), env.key
                 )
             except Exception:  # e.g. the send buffer is full: _flush publishes it
-                self._outbox.append(env)
-            else:
+                sent = None
+            with self._sent_lock:
                 self._sent.append((env, sent))
+
+    def _stream(self, delta: Envelope[Any], key: str) -> None:
+        """(engine thread) An infer.delta, keyed by its reader: best effort, never confirmed
+        (the completion carries the whole text)."""
+        try:
+            self.producer.send_async(self._delta_topic, encode_event(delta), key.encode())
+        except Exception as e:  # a lost delta is filled in from the completion by its reader
+            log.debug("delta not sent", error=str(e)[:200])
 
     def _flush(self) -> None:
         """Confirm what ``_emit`` sent and publish what the handlers produced; a confirmed answer
         releases its request's offset. What failed is sent again (by the retry, if this raises;
         consumers dedupe on event_id)."""
         self._outbox += self.core.drain_events()
-        sent, self._sent = self._sent, []
+        with self._sent_lock:
+            sent, self._sent = self._sent, []
         for env, future in sent:
             try:
+                if future is None:
+                    raise KafkaError("not sent")
                 future.get(timeout=30)
             except KafkaError:
                 self._outbox.append(env)
@@ -265,8 +289,10 @@ class ServingWorker:
             self._request_partition.pop(env.causation_id, None)
 
     def step(self, timeout_ms: int = 100) -> int:
-        """One round over the loops; returns how many records it finished."""
-        return self._events.step(10) + self._serving.step(timeout_ms)
+        """One round over the loops; returns how many records it finished, plus one while
+        requests run in the engine (a worker that still generates is not idle)."""
+        busy = 1 if self.core.in_flight else 0
+        return self._events.step(10) + self._serving.step(timeout_ms) + busy
 
     @property
     def waiting(self) -> int:
