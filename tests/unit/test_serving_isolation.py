@@ -5,10 +5,9 @@ whole batch for one bad prompt) and a real adapter store; the e2e serving tests 
 
 from __future__ import annotations
 
-import threading
-
 import errno
 import shutil
+import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
