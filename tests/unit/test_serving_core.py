@@ -16,6 +16,7 @@ from schemas import make_event
 from schemas.events import (
     AdapterEvicted,
     AdapterLoaded,
+    InferCancel,
     InferCompleted,
     InferFailed,
     InferRequested,
@@ -65,7 +66,13 @@ class GenEngine(FakeEngine):
 
     def finish(self, request_id: str) -> None:
         r, on_done = self.running_now.pop(request_id)
-        on_done(*((None, self.aborted_error) if request_id in self.aborted else (self.generate([r])[0], None)))
+        on_done(
+            *(
+                (None, self.aborted_error)
+                if request_id in self.aborted
+                else (self.generate([r])[0], None)
+            )
+        )
 
     def abort(self, request_id: str) -> None:
         self.aborted.add(request_id)
@@ -76,7 +83,11 @@ class GenEngine(FakeEngine):
         self.batches.append([r.lora.lora_id for r in requests])
         return [
             GenResult(
-                [1, 2], [GenSample(f"out-{r.lora.lora_id}", [r.lora.lora_id % 97], [], "length")]
+                [1, 2],
+                [
+                    GenSample(f"out-{r.lora.lora_id}-{k}", [r.lora.lora_id % 97], [], "length")
+                    for k in range(r.n)
+                ],
             )
             for r in requests
         ]
@@ -227,3 +238,45 @@ def test_requests_past_their_deadline_are_answered_expired_not_run(setup, monkey
     answers = {e.payload.request_id: e.payload for e in out if e.type.startswith("infer.")}
     assert answers["soon"].stage == "expired" and isinstance(answers["later"], InferCompleted)
     assert [len(b) for b in engine.batches] == [1]  # one generation, for "later" only
+
+
+def _cancel(policy: str, target, tenant: str = "acme", rid: str | None = None):
+    return make_event(
+        InferCancel(request_id=rid or target.payload.request_id, request_event_id=target.event_id),
+        tenant=tenant,
+        policy=policy,
+        producer="test",
+    )
+
+
+def test_a_cancel_answers_a_waiting_request_and_aborts_a_running_one_of_its_own_caller(
+    setup,
+) -> None:
+    core, refs, engine = setup
+    waiting, again = req("p0", "waiting"), req("p1", "running")
+    engine.hold.add(str(again.event_id))  # the fake keeps it running until finish()
+    loads = core.on_infer(waiting) + core.on_infer(again)
+    core.on_load_requests([e for e in loads if e.policy == "p1"])  # p1 loaded: it starts
+    assert core.in_flight == 1
+    # Another tenant, or the right id under another request id, cancels nothing.
+    assert core.cancel(_cancel("p1", again, tenant="other")) == []
+    assert core.cancel(_cancel("p1", again, rid="guess")) == []
+    assert not engine.aborted
+    assert core.cancel(_cancel("p1", again)) == []  # running: aborted, answered when it ends
+    assert engine.aborted == {str(again.event_id)}
+    engine.finish(str(again.event_id))
+    (ended,) = core.serve()
+    assert (ended.payload.stage, ended.payload.code) == ("expired", "cancelled")
+    (answer,) = core.cancel(_cancel("p0", waiting))  # waiting for its load: answered now
+    assert (answer.payload.request_id, answer.payload.code) == ("waiting", "cancelled")
+    assert core.cancel(_cancel("p0", waiting)) == []  # answered already: nothing more
+
+
+def test_n_choices_are_one_engine_request_answered_with_every_choice(setup) -> None:
+    core, refs, engine = setup
+    loads = core.on_infer(req("p0", "multi", n=3))
+    out = core.on_load_requests(loads)
+    (done,) = [e.payload for e in out if isinstance(e.payload, InferCompleted)]
+    assert len(engine.submitted) == 1
+    assert [c.index for c in done.choices] == [0, 1, 2]
+    assert done.completion_tokens == 3 and done.text == done.choices[0].text

@@ -37,22 +37,6 @@ class Pending:
     cold: bool = False
 
 
-@dataclass
-class Flight:
-    """A request running in the engine: what its deltas and its answer need."""
-
-    it: Pending
-    engine_request_id: str
-    n: int
-    started: float = field(default_factory=time.perf_counter)
-    cancelled: bool = False
-    seq: list[int] = field(default_factory=list)  # per choice: deltas sent
-    chars: list[int] = field(default_factory=list)  # per choice: characters streamed
-
-    def __post_init__(self) -> None:
-        self.seq, self.chars = [0] * self.n, [0] * self.n
-
-
 def past_deadline(env: Envelope[InferRequested]) -> bool:
     """Has the caller's deadline passed? (wall clocks: engines and gateways keep NTP time)"""
     deadline = env.payload.expires_at

@@ -27,7 +27,6 @@ workers.serving.metrics.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -44,7 +43,6 @@ from schemas.events import (
     AdapterLoaded,
     AliasMoved,
     InferCancel,
-    InferDelta,
     InferRequested,
     LoadRequested,
 )
@@ -52,7 +50,6 @@ from streams.records import is_transient
 from workers.serving import metrics
 from workers.serving.answers import (
     Answers,
-    Flight,
     Pending,
     bound,
     past_deadline,
@@ -61,6 +58,7 @@ from workers.serving.answers import (
 )
 from workers.serving.engine import GenRequest, LoraHandle
 from workers.serving.exceptions import RequestRefused
+from workers.serving.flights import Flights
 from workers.serving.loads import ColdLoads, adapter_key, load_ref
 from workers.serving.resolution import ResolutionCache
 from workers.serving.scheduler import DemandScheduler
@@ -127,9 +125,9 @@ class ServingCore:
         self.emit: Callable[[list[Envelope[Any]]], None] | None = None
         # stream(delta, key): publish an infer.delta keyed by the reader (engine thread)
         self.stream: Callable[[Envelope[Any], str], None] | None = None
-        self._lock = threading.Lock()  # flights: the Kafka thread and the engine's thread
-        self._flights: dict[UUID, Flight] = {}
-        self._finished_answers: list[Envelope[Any]] = []
+        self.flights = Flights(
+            engine, self.answers, on_answer=self._answered, on_delta=self._streamed
+        )
         # Events made but not handed over: evictions, and what was made before an outage
         # interrupted a load or a wave (drain_events; the worker publishes them at its flush).
         self._later: list[Envelope[Any]] = []
@@ -261,13 +259,10 @@ class ServingCore:
             return it.env.event_id in event_ids
 
         dropped = self.ready.remove(gone) + self.loads.drop(gone)
-        with self._lock:  # running ones are aborted, unanswered here
-            flights = [self._flights.pop(eid) for eid in event_ids if eid in self._flights]
-        for flight in flights:
-            self.engine.abort(flight.engine_request_id)
-        for it in dropped + [f.it for f in flights]:  # if the partition comes back: taken again
+        dropped += self.flights.drop(event_ids)  # running ones: aborted, unanswered here
+        for it in dropped:  # if the partition comes back, they are taken again
             self._seen.pop(it.env.event_id, None)
-        return len(dropped) + len(flights)
+        return len(dropped)
 
     # Generation: every ready request is submitted as soon as it is ready and joins vLLM's
     # running batch (continuous batching); its answer is made when vLLM finishes it.
@@ -285,12 +280,12 @@ class ServingCore:
         except BaseException:
             self._later += out
             raise
-        return self._hand_over(out + self._take_finished())
+        return self._hand_over(out + self.flights.take_kept())
 
     @property
     def in_flight(self) -> int:
         """Requests submitted to the engine and not finished."""
-        return len(self._flights)
+        return len(self.flights)
 
     def _hand_over(self, out: list[Envelope[Any]]) -> list[Envelope[Any]]:
         """What is left to return: ``out`` itself, or nothing once ``emit`` took it."""
@@ -335,71 +330,7 @@ class ServingCore:
                 )
                 continue
             self.ws.used_in_batch([it.ref.digest])
-            self._submit(it, gen)
-        return out
-
-    def _submit(self, it: Pending, gen: GenRequest) -> None:
-        flight = Flight(it, str(it.env.event_id), it.env.payload.n)
-        with self._lock:
-            self._flights[it.env.event_id] = flight
-        stream_to = it.env.payload.stream_to
-        self.engine.submit(
-            gen,
-            flight.engine_request_id,
-            on_done=lambda result, error: self._finished(it.env.event_id, result, error),
-            on_delta=(lambda i, text, n: self._delta(flight, i, text, n)) if stream_to else None,
-        )
-
-    def _delta(self, flight: Flight, index: int, text: str, tokens: int) -> None:
-        """(engine thread) Text generated since the last delta of one choice: an infer.delta
-        keyed by the reader the request named (``stream_to``)."""
-        if self.stream is None:
-            return
-        it = flight.it
-        env = self.answers.event(
-            it.env,
-            InferDelta(
-                request_id=it.env.payload.request_id,
-                engine_id=self.engine_id,
-                index=index,
-                seq=flight.seq[index],
-                offset=flight.chars[index],
-                text=text,
-                tokens=tokens,
-                revision=it.ref.revision,
-            ),
-        )
-        flight.seq[index] += 1
-        flight.chars[index] += len(text)
-        self.stream(env, it.env.payload.stream_to or "")
-
-    def _finished(self, event_id: UUID, result: Any, error: BaseException | None) -> None:
-        """(engine thread) A request ended: its answer goes out now (``emit``) or with the next
-        ``serve``. A request dropped meanwhile (its partition moved) is not answered here."""
-        with self._lock:
-            flight = self._flights.pop(event_id, None)
-        if flight is None:
-            return
-        it = flight.it
-        gen_ms = (time.perf_counter() - flight.started) * 1000
-        metrics.GENERATE_SECONDS.observe(gen_ms / 1000)
-        if flight.cancelled:
-            answer = self.answers.cancelled(it.env, request_ref(it.env), it=it)
-        elif error is not None:
-            answer = self.answers.failed(
-                it.env, request_ref(it.env), "generate", reason(error, plain=True), it=it
-            )
-        else:
-            answer = self.answers.completed(it, result, flight.started, gen_ms, self.in_flight)
-        if self.emit is not None:
-            self.emit([answer])
-        else:
-            with self._lock:
-                self._finished_answers.append(answer)
-
-    def _take_finished(self) -> list[Envelope[Any]]:
-        with self._lock:
-            out, self._finished_answers = self._finished_answers, []
+            self.flights.start(it, gen)
         return out
 
     def cancel(self, env: Envelope[InferCancel]) -> list[Envelope[Any]]:
@@ -415,16 +346,21 @@ class ServingCore:
                 and it.env.payload.request_id == env.payload.request_id
             )
 
-        with self._lock:
-            flight = self._flights.get(target)
-            if flight is not None and own(flight.it):
-                flight.cancelled = True
-        if flight is not None:
-            if flight.cancelled:
-                self.engine.abort(flight.engine_request_id)
+        if self.flights.cancel(target, own):
             return []
         waiting = self.ready.remove(own) + self.loads.drop(own)
         return [self.answers.cancelled(it.env, request_ref(it.env), it=it) for it in waiting]
+
+    def _answered(self, answer: Envelope[Any]) -> None:
+        """(engine thread) A running request's answer: out now, or with the next ``serve``."""
+        if self.emit is not None:
+            self.emit([answer])
+        else:
+            self.flights.keep(answer)
+
+    def _streamed(self, delta: Envelope[Any], key: str) -> None:
+        if self.stream is not None:
+            self.stream(delta, key)
 
 
 def _gen_request(it: Pending, handle: LoraHandle) -> GenRequest:
