@@ -1,5 +1,6 @@
-"""The serving logic of one engine, without Kafka: resolve, wait for cold loads together, run
-demand-ordered waves, answer every request (a result or an error result).
+"""The serving logic of one engine, without Kafka: resolve, wait for cold loads together, submit
+ready requests in demand order to vLLM's asynchronous engine (workers.serving.flights: each
+joins the running batch), answer every request (a result or an error result).
 
 Cold loads are addressed to the engine that asked (``engine_id`` on ``load.requested``) and,
 keyed by policy like the requests, land on the partition this engine consumes (README: routing).
@@ -11,16 +12,16 @@ A request's failure is that request's answer, never a process exit: every per-re
 per-load step catches what it can raise and answers ``infer.failed`` (stage resolve, validate,
 load, generate or expired, with the reason) or ``load.failed``. Only what is not the request's
 fault propagates, to be waited out by the consumer loop: the catalog or the store being away
-(``streams.records.is_transient``). Work leaves a queue only once it was answered: a wave or a
-load interrupted by an outage is put back and run again after it. Each request is admitted
-alone before it joins a batch (workers.serving.admission), and a batch that still fails is run
-again one request at a time, so only the bad request fails. A sweep (``sweep``, run by the
+(``streams.records.is_transient``). Work leaves a queue only once it was answered: requests or
+a load interrupted by an outage are put back and run again after it. Each request is admitted
+alone before it is submitted (workers.serving.admission) and runs as its own vLLM request, so
+a request vLLM still fails fails alone. A sweep (``sweep``, run by the
 worker every poll) answers waiting requests whose deadline passed and asks again for loads that
-did not come (``load_retry_s``); the waits for loads are workers.serving.loads. Duplicate deliveries of one event id (an upstream that re-sent
-it) are answered once: the core remembers the ids it took (``dedupe_ids`` of them).
+did not come (``load_retry_s``); the waits for loads are workers.serving.loads. Duplicate
+deliveries of one event id (an upstream that re-sent it) are answered once: the core remembers the ids it took (``dedupe_ids`` of them).
 
-Work done after a request's record was handled (its cold load, the wave that answers it: the
-worker's ``before_commit``) logs with that request's correlation id bound, so one request can be
+Work done after a request's record was handled (its cold load, its answer: the worker's
+``before_commit`` and the engine's thread) logs with that request's correlation id bound, so one request can be
 followed by its correlation id from the gateway through the engine to its result. Metrics:
 workers.serving.metrics.
 """
@@ -118,9 +119,8 @@ class ServingCore:
         # serves(tenant, policy): does this engine own the policy's partition? (the worker sets
         # it from its assignment; alone, an engine serves everything)
         self.serves: Callable[[str, str], bool] = lambda tenant, policy: True
-        # emit(events): hand results over as soon as each wave (and each load) ran, instead of
-        # returning them when the whole batch is done (the worker publishes them at once, so the
-        # most waited-for adapters' answers are out before the later waves run). None: return.
+        # emit(events): hand results over as soon as each request finished (and each load ran)
+        # instead of returning them (the worker publishes them at once). None: return them.
         # (emit may be called from the engine's thread, as requests finish.)
         self.emit: Callable[[list[Envelope[Any]]], None] | None = None
         # stream(delta, key): publish an infer.delta keyed by the reader (engine thread)
@@ -129,7 +129,8 @@ class ServingCore:
             engine, self.answers, on_answer=self._answered, on_delta=self._streamed
         )
         # Events made but not handed over: evictions, and what was made before an outage
-        # interrupted a load or a wave (drain_events; the worker publishes them at its flush).
+        # interrupted a load or a submission (drain_events; the worker publishes them at its
+        # flush).
         self._later: list[Envelope[Any]] = []
         self.started_at = datetime.now(UTC)
         if working_set.on_evict is None:
@@ -233,7 +234,7 @@ class ServingCore:
                     key = adapter_key(load_ref(env))
                     for it in self.loads.release(key):
                         self.ready.add(key, it)
-                    # Serve the released requests now, before a later load of this wave could
+                    # Serve the released requests now, before a later load of this poll could
                     # evict them.
                     out = self._hand_over(out + self.serve())
                 else:

@@ -1,7 +1,8 @@
 """The serving worker: Kafka in, Kafka out, around one engine's ServingCore.
 
 Two consumer loops (streams.group.ConsumerLoop: the rules every worker shares) stepped in
-turn by one thread, since vLLM's generate is not re-entrant:
+turn by one thread; vLLM's asynchronous engine generates on its own thread meanwhile and hands
+answers back as requests finish:
 
 - ``infer.requests`` + ``load.requests`` in group ``<prefix>-serving``, range assignment: both
   topics are keyed by policy and have as many partitions, so partition *p* of each goes to the
@@ -10,8 +11,9 @@ turn by one thread, since vLLM's generate is not re-entrant:
 - ``serving.events`` without a group: alias moves, followed from a minute before start after the
   alias cache was filled from the compacted ``policy.state``.
 
-Handlers queue work in the core; the serving loop's deferred work (streams.deferred) runs it before each commit (the core's sweep,
-the poll's loads in demand order, then generation waves) and publishes what it led to. Queued
+Handlers queue work in the core; the serving loop's deferred work (streams.deferred) runs it
+before each commit (the core's sweep, the poll's loads in demand order, then the submission of
+ready requests) and publishes what it led to. ``infer.cancel`` aborts a request. Queued
 loads leave their queue only once they ran: an outage in the middle is waited out and the loads
 run again after it (a done load is then a hit). A request delivered again with an event id the
 core took already (an upstream re-sent it) is skipped without holding its offset: its first
