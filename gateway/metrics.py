@@ -28,7 +28,9 @@ class GatewayMetrics:
             registry=r,
         )
         self.infer_requests = Counter(
-            "mint_gateway_infer_requests", "infer.requested published (one per choice)", registry=r
+            "mint_gateway_infer_requests",
+            "infer.requested published (one per prompt; n choices each)",
+            registry=r,
         )
         self.replies = Counter(
             "mint_gateway_replies",

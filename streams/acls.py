@@ -8,8 +8,8 @@ host several deployments without one reading another's topics.
 - each worker reads the topics it consumes, writes the ones it produces (and the dead-letter
   topic), joins only consumer groups named ``<prefix>-<its groups>``, and may create and describe
   (never read or write) the deployment's other topics, so that ``ensure_topics`` works;
-- ``gateway`` (the OpenAI front door) writes ``infer.requests`` and reads ``infer.results``
-  without a consumer group, and writes tenants' serving commands (``serving.commands``) and
+- ``gateway`` (the OpenAI front door) writes ``infer.requests`` (requests and cancels) and
+  reads ``infer.results`` and ``infer.deltas`` (streamed text) without a consumer group, and writes tenants' serving commands (``serving.commands``) and
   policy configurations (``policy.config``, base model from the catalog) and reads the
   commands' answers (``serving.events``), also without a group;
 - ``upstream`` (systems that submit work) writes only the request topics;
@@ -97,6 +97,7 @@ PRINCIPALS: dict[str, Grants] = {
             "load.events",
             "rollout.results",
             "eval.results",
+            "infer.deltas",
             "dlq",
         ),
         groups=("serving", "rollout", "evaluator"),
@@ -106,7 +107,7 @@ PRINCIPALS: dict[str, Grants] = {
     # goes to the controller as a serving command, answered on serving.events, and its policy's
     # lifecycle configuration to policy.config (gateway/lifecycle).
     "gateway": Grants(
-        reads=("infer.results", "train.step.results", "serving.events"),
+        reads=("infer.results", "infer.deltas", "train.step.results", "serving.events"),
         writes=("infer.requests", "train.steps", "serving.commands", "policy.config"),
     ),
     "upstream": Grants(writes=REQUESTS),

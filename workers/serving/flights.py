@@ -62,6 +62,7 @@ class Flights:
         event_id = it.env.event_id
         with self._lock:
             self._running[event_id] = flight
+            metrics.RUNNING.set(len(self._running))
         self.engine.submit(
             gen,
             flight.engine_request_id,
@@ -88,6 +89,7 @@ class Flights:
         """Abort these requests, unanswered (their partitions moved away)."""
         with self._lock:
             gone = [self._running.pop(eid) for eid in event_ids if eid in self._running]
+            metrics.RUNNING.set(len(self._running))
         for flight in gone:
             self.engine.abort(flight.engine_request_id)
         return [f.it for f in gone]
@@ -128,6 +130,7 @@ class Flights:
     def _finished(self, event_id: UUID, result: Any, error: BaseException | None) -> None:
         with self._lock:
             flight = self._running.pop(event_id, None)
+            metrics.RUNNING.set(len(self._running))
         if flight is None:  # dropped meanwhile
             return
         it = flight.it

@@ -15,16 +15,15 @@ are bound here once; the hot paths only observe or increment.
   the local ``disk`` cache, verification, engine load);
 - ``mint_adapter_load_failures_total{error}``: failed loads by error class;
 - ``mint_serving_load_wave_adapters``: adapters loaded per wave of cold loads;
-- ``mint_serving_wave_requests`` / ``mint_serving_wave_adapters``: requests and distinct
-  adapters per generation wave; ``mint_serving_generate_seconds``: one wave's generate call;
+- ``mint_serving_running_requests``: requests submitted to vLLM and not finished (at most
+  ``max_in_flight``); ``mint_serving_generate_seconds``: one request inside the engine,
+  submitted to finished;
 - ``mint_serving_infer_latency_seconds{load}``: request received to answer, ``cold`` (it waited
   for its adapter's load) or ``warm``;
 - ``mint_serving_infer_failures_total{stage}``: error results by stage (resolve, validate,
   load, generate, expired);
 - ``mint_serving_duplicates_total``: requests delivered again with an event id already taken
   (answered once);
-- ``mint_serving_batch_retries_total``: waves that failed as a whole and were run again one
-  request at a time.
 
 vLLM's own metrics (``vllm:*``) are served on the same port: the engine runs vLLM's AsyncLLM
 with stats logging on, whose PrometheusStatLogger registers them in prometheus_client's default
@@ -96,14 +95,11 @@ LOAD_WAVE = Histogram(
     "adapters loaded per wave of cold loads",
     buckets=SIZE_BUCKETS,
 )
-WAVE_REQUESTS = Histogram(
-    "mint_serving_wave_requests", "requests per generation wave", buckets=SIZE_BUCKETS
-)
-WAVE_ADAPTERS = Histogram(
-    "mint_serving_wave_adapters", "distinct adapters per generation wave", buckets=SIZE_BUCKETS
-)
+RUNNING = Gauge("mint_serving_running_requests", "requests submitted to vLLM and not finished")
 GENERATE_SECONDS = Histogram(
-    "mint_serving_generate_seconds", "one generation wave's generate call", buckets=LATENCY_BUCKETS
+    "mint_serving_generate_seconds",
+    "one request inside the engine, submitted to finished",
+    buckets=LATENCY_BUCKETS,
 )
 INFER_LATENCY = Histogram(
     "mint_serving_infer_latency_seconds",
@@ -113,9 +109,6 @@ INFER_LATENCY = Histogram(
 )
 INFER_FAILURES = Counter("mint_serving_infer_failures", "error results, by stage", ["stage"])
 DUPLICATES = Counter("mint_serving_duplicates", "requests delivered again (answered once)")
-BATCH_RETRIES = Counter(
-    "mint_serving_batch_retries", "waves that failed whole and ran again one request at a time"
-)
 
 # Bound once: the per-request and per-lookup paths only increment.
 INFER_COLD, INFER_WARM = INFER_LATENCY.labels("cold"), INFER_LATENCY.labels("warm")

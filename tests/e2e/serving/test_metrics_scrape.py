@@ -63,9 +63,8 @@ def test_engine_metrics_move_with_cold_and_warm_traffic_and_logs_carry_the_reque
     assert delta("mint_serving_infer_latency_seconds_count", load="warm") == 1
     assert delta("mint_adapter_load_seconds_count", source="store") == 1
     assert delta("mint_serving_load_wave_adapters_sum") == 1
-    assert delta("mint_serving_wave_requests_sum") == 4
-    assert delta("mint_serving_wave_requests_count") >= 2
-    assert delta("mint_serving_generate_seconds_count") >= 2
+    assert delta("mint_serving_generate_seconds_count") == 4  # each request ran on its own
+    assert total(after, "mint_serving_running_requests") == 0
     assert delta("mint_working_set_lookups_total", tier="cpu", result="miss") == 1
     assert delta("mint_working_set_lookups_total", tier="cpu", result="hit") >= 4
     assert delta("mint_working_set_lookups_total", tier="gpu") >= 2
