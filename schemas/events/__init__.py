@@ -15,6 +15,12 @@ from schemas.events.inference import (
 from schemas.events.lifecycle import PolicyConfigured
 from schemas.events.load import AdapterEvicted, AdapterLoaded, LoadFailed, LoadRequested
 from schemas.events.rollout import RolloutCompleted, RolloutRequested
+from schemas.events.sampling import (
+    SamplingOptions,
+    StructuredOutput,
+    TokenLogprob,
+    TopLogprob,
+)
 from schemas.events.serving import AliasMoved, PromoteCommand, RollbackCommand, ServingRefused
 from schemas.events.steps import (
     AdamSpec,
@@ -49,11 +55,15 @@ __all__ = [
     "RollbackCommand",
     "RolloutCompleted",
     "RolloutRequested",
+    "SamplingOptions",
     "ServingRefused",
     "StepDatum",
+    "StructuredOutput",
     "Threshold",
     "TrainStepCompleted",
     "TrainStepFailed",
+    "TokenLogprob",
+    "TopLogprob",
     "TrainStepRequested",
     "UpdateCompleted",
     "UpdateRequested",

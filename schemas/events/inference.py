@@ -15,6 +15,7 @@ from pydantic import (
 )
 
 from schemas.envelope import Command, Payload
+from schemas.events.sampling import SamplingOptions, TokenLogprob
 from schemas.names import AliasName, Digest
 
 REQUEST_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
@@ -102,6 +103,11 @@ class InferRequested(Command):
     n: int = Field(
         1, ge=1, le=16, description="choices sampled for this prompt (one prefill, vLLM's n)"
     )
+    # Added (optional, backward compatible): vLLM's other sampling and structured-output
+    # settings (schemas.events.sampling). Upgrade the engines before the producers.
+    sampling: SamplingOptions | None = Field(
+        None, description="vLLM's sampling and structured-output settings beyond the above"
+    )
     stream_to: str | None = Field(
         None,
         pattern=STREAM_KEY_RE,
@@ -150,6 +156,8 @@ class InferChoice(BaseModel):
     finish_reason: Literal["stop", "length", "error"]
     token_ids: list[int] = Field(default_factory=list)
     logprobs: list[float] | None = None
+    token_logprobs: list[TokenLogprob] | None = None
+    stop_reason: str | int | None = None
 
 
 class InferCompleted(Payload):
@@ -181,6 +189,19 @@ class InferCompleted(Payload):
     # then hold choice 0 (what a reader of one choice expects) and completion_tokens the sum.
     choices: list[InferChoice] | None = Field(
         None, max_length=16, description="with n > 1: all n choices (choice 0 also above)"
+    )
+    # Added (optional, backward compatible), when the request asked (sampling.top_logprobs,
+    # sampling.prompt_logprobs): tokens with their strings, bytes and alternatives, as vLLM
+    # returns them; and what stopped the answer (the stop string or token id matched).
+    token_logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = Field(
+        None, description="per prompt token (the first has none)"
+    )
+    prompt_token_ids: list[int] | None = Field(
+        None, description="with prompt_logprobs: the prompt's token ids"
+    )
+    stop_reason: str | int | None = Field(
+        None, description="the stop string or token id that ended the answer, if one did"
     )
 
 
