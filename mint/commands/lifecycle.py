@@ -17,6 +17,7 @@ from rich.table import Table
 
 from mint.commands.args import tenant_policy
 from mint.commands.errors import one_line_errors
+from mint.commands.inference import infer  # listed here: a policy's verbs stay together
 from schemas.settings import get_settings
 
 console = Console(stderr=True)
@@ -206,7 +207,7 @@ def history_table(moves, title: str | None = None) -> Table:
     return table
 
 
-# ---------------------------------------------------------------------- promote, rollback, infer
+# ---------------------------------------------------------------------- promote, rollback
 
 
 @click.command("promote")
@@ -264,32 +265,6 @@ def rollback(
     console.print(
         f"{tenant}/{policy}@{alias}: {p.from_revision or '-'} → {p.to_revision} (rollback)"
     )
-
-
-@click.command("infer")
-@click.argument("reference")
-@click.argument("prompt")
-@click.option("--max-tokens", default=16)
-@click.option(
-    "--chat",
-    is_flag=True,
-    help="Send PROMPT as a user turn of the model's chat template (instruct models).",
-)
-@click.option("--timeout", default=120.0)
-@one_line_errors
-def infer(reference: str, prompt: str, max_tokens: int, chat: bool, timeout: float) -> None:
-    """Answer PROMPT with tenant/policy@alias or @N (needs a serving worker).
-
-    \b
-      mint infer demo/arith@prod "What is 4 + 5? Answer with just the number." --chat
-    """
-    tenant, policy = tenant_policy(reference)
-    target = reference.partition("@")[2] or "prod"
-    with _client(tenant, timeout) as c:
-        kw = {"revision": int(target)} if target.isdigit() else {"alias": target}
-        r = c.infer(policy, prompt, max_tokens=max_tokens, chat=chat, **kw)
-    console.print(f"revision {r.revision} on {r.engine_id} ({r.latency_ms:.0f} ms):")
-    out.print(r.text)
 
 
 # ---------------------------------------------------------------------- demo

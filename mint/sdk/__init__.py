@@ -1,10 +1,18 @@
 """The MinT SDK: a client whose verbs are events (create_policy, train, rollout, update,
-evaluate, promote, rollback, infer, history, wait_for) and Tinker-style verbs on top; a tenant's
+evaluate, promote, rollback, infer, history, wait_for; vLLM's sampling and
+structured-output settings on infer: mint.sdk.sampling) and Tinker-style verbs on top; a tenant's
 client over HTTP with an API key alone: ``MintClient.remote(base_url, api_key)`` (mint.sdk.remote)."""
 
 from mint.sdk.client import MintClient
-from mint.sdk.exceptions import CommandRefused, MintError, RequestFailed, WaitTimeout
+from mint.sdk.exceptions import (
+    CommandRefused,
+    InvalidSampling,
+    MintError,
+    RequestFailed,
+    WaitTimeout,
+)
 from mint.sdk.remote import RemoteError, RemoteMintClient
+from mint.sdk.sampling import SamplingFields, sampling_options
 from mint.sdk.tinker import (
     AdamParams,
     Datum,
@@ -15,11 +23,13 @@ from mint.sdk.tinker import (
 )
 from mint.sdk.training import Rollouts, Round, UpdateResult, rollouts_to_examples
 from mint.sdk.watcher import Watcher, caused_by, correlated
+from schemas.events.sampling import SamplingOptions, StructuredOutput
 
 __all__ = [
     "AdamParams",
     "CommandRefused",
     "Datum",
+    "InvalidSampling",
     "MintClient",
     "MintError",
     "RemoteError",
@@ -28,8 +38,11 @@ __all__ = [
     "Rollouts",
     "Round",
     "SamplingClient",
+    "SamplingFields",
+    "SamplingOptions",
     "SamplingParams",
     "ServiceClient",
+    "StructuredOutput",
     "TrainingClient",
     "UpdateResult",
     "WaitTimeout",
@@ -37,4 +50,5 @@ __all__ = [
     "caused_by",
     "correlated",
     "rollouts_to_examples",
+    "sampling_options",
 ]

@@ -17,24 +17,27 @@ Catalog reads (revisions, aliases, history) go to Cassandra directly.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Unpack
 
 import structlog
 
 from catalog.store import AdapterStore
 from mint.sdk.exceptions import CommandRefused, RequestFailed
+from mint.sdk.sampling import SamplingFields, sampling_options
 from mint.sdk.training import TrainingVerbs
 from mint.sdk.watcher import Predicate, Watcher, caused_by
 from schemas import Envelope, make_event
 from schemas.events import (
     AliasMoved,
+    InferCompleted,
     InferRequested,
     PolicyConfigured,
     PromoteCommand,
     RollbackCommand,
     Threshold,
 )
+from schemas.events.sampling import SamplingOptions
 from schemas.settings import MintSettings
 from streams.producer import EventProducer
 from streams.topics import ensure_topics
@@ -238,10 +241,34 @@ class MintClient(TrainingVerbs):
         temperature: float = 0.0,
         request_id: str | None = None,
         chat: bool = False,
-    ):
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        logprobs: bool = False,
+        sampling: SamplingOptions | dict[str, Any] | None = None,
+        **options: Unpack[SamplingFields],
+    ) -> InferCompleted:
         """Answer a prompt with ``policy@alias`` (or a pinned revision): the infer.completed
         payload; raises RequestFailed on infer.failed. ``chat`` sends the prompt as a user turn
-        of the model's chat template (instruct models)."""
+        of the model's chat template (instruct models).
+
+        vLLM's other settings are keywords (mint.sdk.sampling: ``top_k``, ``min_p``,
+        ``repetition_penalty``, ``stop_token_ids``, ``top_logprobs``, …) or ``sampling=``; and
+        ``json_schema=`` / ``json_object=True`` / ``regex=`` / ``choice=`` / ``grammar=``
+        constrain the answer's text::
+
+            r = mint.infer("extract", "Alice is 31.", chat=True, max_tokens=64,
+                           json_schema={"type": "object", "required": ["name", "age"],
+                                        "properties": {"name": {"type": "string"},
+                                                       "age": {"type": "integer"}}})
+            json.loads(r.text)  # {"name": "Alice", "age": 31}
+
+        ``logprobs`` returns each sampled token's log-probability (``r.logprobs``);
+        ``top_logprobs=k`` also returns each token's string, bytes and ``k`` alternatives
+        (``r.token_logprobs``; it implies ``logprobs``), and ``r.stop_reason`` says which stop
+        string or token id ended the answer. A bad setting raises InvalidSampling before
+        anything is sent."""
+        opts = sampling_options(sampling, **options)
         rid = request_id or uuid.uuid4().hex
         cmd = self.send(
             policy,
@@ -253,6 +280,11 @@ class MintClient(TrainingVerbs):
                 max_tokens=max_tokens,
                 temperature=temperature,
                 chat=chat,
+                top_p=top_p,
+                seed=seed,
+                stop=list(stop),
+                logprobs=logprobs or (opts is not None and opts.top_logprobs is not None),
+                sampling=opts,
             ),
         )
         got = self.wait_for(
@@ -265,7 +297,9 @@ class MintClient(TrainingVerbs):
             request=cmd,
         )
         if got.type == "infer.failed":
-            raise RequestFailed(f"request {rid} failed at {got.payload.stage}: {got.payload.error}")
+            p = got.payload
+            code = f" ({p.code})" if getattr(p, "code", None) else ""
+            raise RequestFailed(f"request {rid} failed at {p.stage}{code}: {p.error}")
         return got.payload
 
     def wait_for_alias(

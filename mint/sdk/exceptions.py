@@ -23,3 +23,8 @@ class CommandRefused(MintError, RuntimeError):
     def __init__(self, message: str, *, current_revision: int | None = None) -> None:
         super().__init__(message)
         self.current_revision = current_revision
+
+
+class InvalidSampling(MintError, ValueError):
+    """A sampling or structured-output setting the request contract cannot carry (an unknown
+    keyword, a value out of range, a schema that is not JSON): nothing was sent."""

@@ -21,13 +21,16 @@ Training over HTTP is the Tinker API that the same gateway serves under ``/api/v
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Unpack
 
 import httpx
 
 from mint.sdk.exceptions import CommandRefused, MintError, WaitTimeout
+from mint.sdk.sampling import SamplingFields, openai_fields, sampling_options
+from schemas.events.sampling import SamplingOptions
 
 API = "/mint/v1"
 
@@ -88,7 +91,10 @@ class Moved:
 
 @dataclass(frozen=True)
 class Completion:
-    """One answer of ``infer``: the text and the revision that wrote it."""
+    """One answer of ``infer``: the text and the revision that wrote it; with ``logprobs`` or
+    ``top_logprobs`` each sampled token (``tokens``), its log-probability (``logprobs``) and its
+    alternatives (``top_logprobs``: token -> logprob); ``raw`` is the gateway's whole answer
+    (vLLM's extra fields such as ``prompt_logprobs`` included)."""
 
     text: str
     revision: int | None
@@ -96,6 +102,28 @@ class Completion:
     prompt_tokens: int
     completion_tokens: int
     engine_ms: float | None
+    stop_reason: str | int | None = None
+    tokens: list[str] | None = None
+    logprobs: list[float | None] | None = None
+    top_logprobs: list[dict[str, float]] | None = None
+    raw: dict[str, Any] | None = field(default=None, repr=False)
+
+
+def _token_logprobs(choice: dict[str, Any], chat: bool):
+    """(tokens, logprobs, alternatives) from an OpenAI choice's ``logprobs`` (chat: a list of
+    ``content`` entries; completions: parallel lists), or Nones when it has none."""
+    lp = choice.get("logprobs")
+    if not lp:
+        return None, None, None
+    if chat:
+        content = lp.get("content") or []
+        return (
+            [c["token"] for c in content],
+            [c["logprob"] for c in content],
+            [{t["token"]: t["logprob"] for t in c.get("top_logprobs") or []} for c in content],
+        )
+    tops = lp.get("top_logprobs") or []
+    return lp.get("tokens"), lp.get("token_logprobs"), [dict(t or {}) for t in tops] or None
 
 
 class RemoteMintClient:
@@ -264,23 +292,43 @@ class RemoteMintClient:
         max_tokens: int = 8,
         temperature: float = 0.0,
         chat: bool = False,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        logprobs: bool = False,
+        sampling: SamplingOptions | dict[str, Any] | None = None,
+        **options: Unpack[SamplingFields],
     ) -> Completion:
         """Answer a prompt with ``policy@alias`` (or a pinned revision) through the gateway's
-        ``/v1/completions`` (``chat``: ``/v1/chat/completions``, one user turn)."""
+        ``/v1/completions`` (``chat``: ``/v1/chat/completions``, one user turn).
+
+        Takes the direct client's sampling keywords and ``sampling=`` (mint.sdk.sampling:
+        ``top_k``, ``min_p``, ``json_schema``, ``regex``, ``choice``, …) and sends them as
+        ``vllm serve`` reads them: its extra body fields and ``structured_outputs``."""
+        opts = sampling_options(sampling, **options)
         model = f"{policy}@{revision if revision is not None else alias}"
         body: dict[str, Any] = {
             "model": model,
             "max_tokens": max_tokens,
             "temperature": temperature,
         }
+        if top_p != 1.0:
+            body["top_p"] = top_p
+        if seed is not None:
+            body["seed"] = seed
+        if stop:
+            body["stop"] = list(stop)
+        body.update(openai_fields(opts, chat=chat, logprobs=logprobs))
         if chat:
             body["messages"] = [{"role": "user", "content": prompt}]
         else:
             body["prompt"] = prompt
         path = "/v1/chat/completions" if chat else "/v1/completions"
         r = self._call("POST", path, json=body)
-        choice, usage = r.json()["choices"][0], r.json().get("usage") or {}
+        data = r.json()
+        choice, usage = data["choices"][0], data.get("usage") or {}
         text = choice["message"]["content"] if chat else choice["text"]
+        tokens, lps, tops = _token_logprobs(choice, chat)
         rev = r.headers.get("x-mint-revision", "")
         ms = r.headers.get("x-mint-engine-ms")
         return Completion(
@@ -290,4 +338,9 @@ class RemoteMintClient:
             prompt_tokens=int(usage.get("prompt_tokens", 0)),
             completion_tokens=int(usage.get("completion_tokens", 0)),
             engine_ms=float(ms) if ms else None,
+            stop_reason=choice.get("stop_reason"),
+            tokens=tokens,
+            logprobs=lps,
+            top_logprobs=tops if opts is not None and opts.top_logprobs else None,
+            raw=data,
         )
