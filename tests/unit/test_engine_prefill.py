@@ -60,7 +60,14 @@ class _Out:
     def __init__(self, *choices, prompt=(1, 2)) -> None:
         self.prompt_token_ids = list(prompt)
         self.outputs = [
-            SimpleNamespace(index=i, text=t, token_ids=list(ids), logprobs=None, finish_reason=f)
+            SimpleNamespace(
+                index=i,
+                text=t,
+                token_ids=list(ids),
+                logprobs=None,
+                finish_reason=f,
+                stop_reason=None,
+            )
             for i, t, ids, f in choices
         ]
 
@@ -177,8 +184,8 @@ def test_a_chat_request_to_a_model_without_a_template_is_refused_not_failed() ->
     assert refused.value.code == "invalid_value"
 
 
-def test_generate_turns_a_sampling_value_vllm_refuses_into_an_engine_error() -> None:
+def test_a_sampling_value_vllm_refuses_is_the_requests_own_refusal() -> None:
     # SamplingParams was built outside generate's try: its ValueError left the serving loop and
-    # the process exited (issue 25, 1). Now it ends that request alone, as an EngineError.
-    with pytest.raises(EngineError, match="temperature"):
+    # the process exited (issue 25, 1). Now it ends that request alone, with vLLM's words.
+    with pytest.raises(RequestRefused, match="temperature"):
         asyncio.run(_engine()._run(GenRequest("hi", temperature=5.0), "r-1", None))

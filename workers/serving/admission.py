@@ -98,3 +98,18 @@ def _check_vocabulary(ids: list[int], vocab_size: int) -> None:
             "tokenizer",
             code=INVALID_VALUE,
         )
+
+
+def truncate(ids: list[int], k: int | None, max_model_len: int) -> list[int]:
+    """The prompt's last ``k`` tokens (``truncate_prompt_tokens``, as vLLM serve: -1 is the
+    model's context; cut on the left, so the end of the prompt, the question, stays)."""
+    if k is None:
+        return ids
+    if k > max_model_len:
+        raise RequestRefused(
+            f"truncate_prompt_tokens={k} cannot be greater than max_model_len = "
+            f"{max_model_len}. Please request a smaller truncation size.",
+            code=INVALID_VALUE,
+        )
+    k = max_model_len if k == -1 else k
+    return ids[-k:] if 0 < k < len(ids) else ids

@@ -87,6 +87,8 @@ class Answers:
                     finish_reason=_finish(c.finish_reason),
                     token_ids=c.token_ids,
                     logprobs=c.logprobs if it.env.payload.logprobs else None,
+                    token_logprobs=c.token_logprobs,
+                    stop_reason=c.stop_reason,
                 )
                 for i, c in enumerate(res.samples)
             ]
@@ -112,6 +114,10 @@ class Answers:
                 generating_ms=gen_ms,
                 logprobs=s.logprobs if it.env.payload.logprobs else None,
                 choices=choices,
+                token_logprobs=s.token_logprobs,
+                stop_reason=s.stop_reason,
+                prompt_logprobs=res.prompt_logprobs,
+                prompt_token_ids=res.prompt_token_ids if res.prompt_logprobs is not None else None,
             ),
         )
         self.stats["completed"] += 1

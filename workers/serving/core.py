@@ -381,4 +381,5 @@ def _gen_request(it: Pending, handle: LoraHandle) -> GenRequest:
         top_p=p.top_p,
         stop=tuple(p.stop),
         n=p.n,
+        options=p.sampling,
     )

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
-from workers.serving.admission import INVALID_VALUE, admit
+from workers.serving.admission import INVALID_VALUE, admit, truncate
 from workers.serving.exceptions import EngineError, RequestRefused
 from workers.serving.generation import (  # noqa: F401  (re-exported: the engine's types)
     DeltaStream,
@@ -31,6 +31,7 @@ from workers.serving.generation import (  # noqa: F401  (re-exported: the engine
     OnDone,
     shared_prefixes,
 )
+from workers.serving.sampling import sampling_params, wants_token_logprobs
 
 log = structlog.get_logger()
 
@@ -183,21 +184,29 @@ class VllmEngine:
         (workers.serving.admission): the prompt rendered and tokenized once, as vLLM would (the
         ids are what runs, so what was counted is what runs), ``max_tokens`` clamped to the
         context left. Raises RequestRefused (stage validate) for what vLLM cannot run."""
+        cut = r.options.truncate_prompt_tokens if r.options else None
         if isinstance(r.prompt, list):  # token ids as sent (prompt_token_ids): checked as they run
-            return admit(
-                r,
-                prompt_tokens=len(r.prompt),
+            ids = truncate(r.prompt, cut, self.config.max_model_len)
+            admitted = admit(
+                replace(r, prompt=ids),
+                prompt_tokens=len(ids),
                 max_model_len=self.config.max_model_len,
                 vocab_size=self.vocab_size,
             )
-        try:
-            text = self.render(r)
-        except EngineError as e:
-            raise RequestRefused(str(e), code=INVALID_VALUE) from e
-        ids = list(self.tokenizer.encode(text))  # vLLM's default: special tokens added
-        return admit(
-            replace(r, prompt=ids), prompt_tokens=len(ids), max_model_len=self.config.max_model_len
-        )
+        else:
+            try:
+                text = self.render(r)
+            except EngineError as e:
+                raise RequestRefused(str(e), code=INVALID_VALUE) from e
+            ids = list(self.tokenizer.encode(text))  # vLLM's default: special tokens added
+            ids = truncate(ids, cut, self.config.max_model_len)
+            admitted = admit(
+                replace(r, prompt=ids),
+                prompt_tokens=len(ids),
+                max_model_len=self.config.max_model_len,
+            )
+        sampling_params(admitted)  # vLLM's own checks of the sampling values, now
+        return admitted
 
     def submit(
         self, r: GenRequest, request_id: str, on_done: OnDone, on_delta: OnDelta | None = None
@@ -232,20 +241,11 @@ class VllmEngine:
         return len(self._running)
 
     async def _run(self, r: GenRequest, request_id: str, on_delta: OnDelta | None) -> GenResult:
-        from vllm import SamplingParams, TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
+        from vllm import TokensPrompt
 
+        params = sampling_params(r)  # admitted already: refusals were answered at admission
+        started = False
         try:
-            params = SamplingParams(
-                n=r.n,
-                temperature=r.temperature,
-                top_p=r.top_p,
-                max_tokens=r.max_tokens,
-                seed=r.seed,
-                stop=list(r.stop) or None,
-                logprobs=0 if r.logprobs else None,  # 0: the sampled token's own logprob
-                output_kind=RequestOutputKind.DELTA,
-            )
             prompt = (
                 TokensPrompt(prompt_token_ids=r.prompt)
                 if isinstance(r.prompt, list)
@@ -254,13 +254,21 @@ class VllmEngine:
             lora = self._request(r.lora) if r.lora else None
             if r.n > 1:  # fill the prefix cache once, so that the n samples share the prefill
                 await self._warm(prompt, lora, f"{request_id}:warm")
-            stream = DeltaStream(r.n, on_delta)
+            stream = DeltaStream(
+                r.n,
+                on_delta,
+                top=r.options.top_logprobs if wants_token_logprobs(r) else None,
+                prompt=bool(r.options and r.options.prompt_logprobs is not None),
+            )
             async for out in self.llm.generate(prompt, params, request_id, lora_request=lora):
+                started = True
                 stream.add(out)
             return stream.result()
         except EngineError:
             raise
         except Exception as e:
+            if _refusal(e) and not started:  # vLLM's input checks (a grammar that does not
+                raise RequestRefused(str(e), code=INVALID_VALUE) from e  # compile, ...)
             raise EngineError(f"vLLM generate failed ({type(e).__name__}: {e})") from e
 
     async def _warm(self, prompt, lora, request_id: str) -> None:
@@ -337,3 +345,10 @@ class VllmEngine:
     def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
+
+
+def _refusal(e: BaseException) -> bool:
+    """Did vLLM refuse the request as sent (its validation), rather than fail running it?"""
+    from vllm.exceptions import VLLMValidationError
+
+    return isinstance(e, ValueError | VLLMValidationError)

@@ -20,6 +20,7 @@ from schemas.envelope import Envelope
 from schemas.events import InferDelta
 from workers.serving import metrics
 from workers.serving.answers import Answers, Pending, reason, request_ref
+from workers.serving.exceptions import RequestRefused
 from workers.serving.generation import GenRequest
 
 
@@ -138,6 +139,10 @@ class Flights:
         metrics.GENERATE_SECONDS.observe(gen_ms / 1000)
         if flight.cancelled:
             answer = self.answers.cancelled(it.env, request_ref(it.env), it=it)
+        elif isinstance(error, RequestRefused):  # vLLM's own checks when it took the request
+            answer = self.answers.failed(
+                it.env, request_ref(it.env), "validate", str(error), it=it, code=error.code
+            )
         elif error is not None:
             answer = self.answers.failed(
                 it.env, request_ref(it.env), "generate", reason(error, plain=True), it=it

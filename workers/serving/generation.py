@@ -9,6 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from schemas.events.sampling import SamplingOptions, TokenLogprob
+from workers.serving.sampling import token_logprob
+
 
 @dataclass(frozen=True)
 class LoraHandle:
@@ -33,6 +36,7 @@ class GenRequest:
     messages: tuple[dict[str, str], ...] | None = None
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
+    options: SamplingOptions | None = None  # vLLM's other settings (workers.serving.sampling)
 
 
 @dataclass
@@ -41,12 +45,15 @@ class GenSample:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str
+    token_logprobs: list[TokenLogprob] | None = None  # with options.top_logprobs
+    stop_reason: str | int | None = None
 
 
 @dataclass
 class GenResult:
     prompt_token_ids: list[int]
     samples: list[GenSample] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # with options.prompt_logprobs
 
 
 # A stream's text leaves the engine at least this often, or every DELTA_TOKENS tokens of one
@@ -79,16 +86,29 @@ class DeltaStream:
     """One request's outputs as vLLM hands them over (deltas, per choice): the whole result
     assembled, and the text passed on to ``on_delta`` every DELTA_INTERVAL_S or DELTA_TOKENS."""
 
-    def __init__(self, n: int, on_delta: OnDelta | None) -> None:
-        self.on_delta = on_delta
+    def __init__(
+        self, n: int, on_delta: OnDelta | None, *, top: int | None = None, prompt: bool = False
+    ) -> None:
+        """``top``: keep each token with its string and ``top`` alternatives (top_logprobs);
+        ``prompt``: keep the prompt's logprobs (prompt_logprobs)."""
+        self.on_delta, self.top, self.prompt = on_delta, top, prompt
         self.prompt_token_ids: list[int] = []
-        self.samples = [GenSample("", [], [], "length") for _ in range(n)]
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None
+        self.samples = [
+            GenSample("", [], [], "length", token_logprobs=[] if top is not None else None)
+            for _ in range(n)
+        ]
         self._pending = [["", 0] for _ in range(n)]  # text and tokens not passed on yet
         self._last = [0.0] * n  # when each choice last passed text on (0: never)
 
     def add(self, out) -> None:
         if out.prompt_token_ids and not self.prompt_token_ids:
             self.prompt_token_ids = list(out.prompt_token_ids)
+        if self.prompt and self.prompt_logprobs is None and out.prompt_logprobs is not None:
+            self.prompt_logprobs = [
+                token_logprob(t, lp, len(lp)) if lp else None
+                for t, lp in zip(self.prompt_token_ids, out.prompt_logprobs, strict=False)
+            ]
         now = time.monotonic()
         for o in out.outputs:
             s, pending = self.samples[o.index], self._pending[o.index]
@@ -97,8 +117,14 @@ class DeltaStream:
             s.logprobs += [
                 lp[t].logprob for t, lp in zip(o.token_ids, o.logprobs or [], strict=False)
             ]
+            if s.token_logprobs is not None and o.logprobs:
+                s.token_logprobs += [
+                    token_logprob(t, lp, self.top or 0)
+                    for t, lp in zip(o.token_ids, o.logprobs, strict=False)
+                ]
             if o.finish_reason:
                 s.finish_reason = o.finish_reason
+                s.stop_reason = o.stop_reason
             pending[0] += o.text
             pending[1] += len(o.token_ids)
             if self.on_delta is None or not pending[0]:
@@ -116,4 +142,4 @@ class DeltaStream:
                 self._last[o.index] = now
 
     def result(self) -> GenResult:
-        return GenResult(self.prompt_token_ids, self.samples)
+        return GenResult(self.prompt_token_ids, self.samples, self.prompt_logprobs)
