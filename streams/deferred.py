@@ -17,6 +17,9 @@ loop has no engine modes of its own:
   already on the results topic (streams.answered).
 - ``on_revoked(partitions)`` tells the host that a rebalance took partitions away for good: it
   drops their waiting work (the new owner reads it again from the committed offset).
+- ``before_rebalance()`` runs when a rebalance starts, before this member rejoins: the host
+  finishes and publishes the work it has running (the serving engine's requests inside vLLM),
+  so that no new owner starts a request whose answer is still to come (the group waits for it).
 """
 
 from __future__ import annotations
@@ -40,11 +43,13 @@ class DeferredWork:
         before_commit: Callable[[], None] | None = None,
         answers: dict[str, str] | None = None,
         on_revoked: Callable[[set[TopicPartition]], None] | None = None,
+        before_rebalance: Callable[[], None] | None = None,
     ) -> None:
         if answers and settings is None:
             raise ValueError("an answers check needs the settings that name the results topics")
         self.before_commit = before_commit
         self._on_revoked = on_revoked
+        self._before_rebalance = before_rebalance
         self._held = HeldOffsets()
         self._answers = AnsweredCheck(settings, answers) if answers and settings else None
 
@@ -76,6 +81,11 @@ class DeferredWork:
 
     def commit_target(self, tp: TopicPartition, finished: int) -> int:
         return self._held.commit_target(tp, finished)
+
+    def rebalancing(self) -> None:
+        """A rebalance starts (every partition announced revoked, eager protocol)."""
+        if self._before_rebalance is not None:
+            self._before_rebalance()
 
     def lost(self, tps: set[TopicPartition]) -> None:
         """A rebalance took ``tps`` away for good (the loop forgets them next)."""

@@ -352,7 +352,9 @@ class _Listener(ConsumerRebalanceListener):
         self.loop = loop
 
     def on_partitions_revoked(self, revoked) -> None:
-        pass  # a notification: what is really lost shows in the next assignment
+        # What is really lost shows in the next assignment; the host finishes what it has
+        # running first (DeferredWork.before_rebalance), before this member rejoins.
+        self.loop.deferred.rebalancing()
 
     def on_partitions_lost(self, lost) -> None:  # evicted from the group: gone for sure
         self.loop._lose(set(lost))

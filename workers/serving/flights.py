@@ -95,6 +95,15 @@ class Flights:
             self.engine.abort(flight.engine_request_id)
         return [f.it for f in gone]
 
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until nothing runs (True), or ``timeout_s`` passed (False)."""
+        deadline = time.monotonic() + timeout_s
+        while len(self._running):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
     def keep(self, answer: Envelope[Any]) -> None:
         with self._lock:
             self._kept.append(answer)

@@ -61,6 +61,8 @@ log = structlog.get_logger()
 # Alias moves are followed from this long before the engine started: a move published while the
 # engine read policy.state, and not yet projected there, is applied too (in order, per policy).
 FOLLOW_OVERLAP_MS = 60_000
+# How long a rebalance waits for the requests running in vLLM (max_tokens bounds each one).
+REBALANCE_FINISH_S = 60.0
 
 
 def run_steps(
@@ -140,6 +142,7 @@ class ServingWorker:
             before_commit=self._work,
             answers={"infer.requests": "infer.results"},
             on_revoked=self._on_revoked,
+            before_rebalance=self._finish_running,
         )
 
         def loop(topics: list[str], group_id: str, handler, deferred: DeferredWork, **options):
@@ -193,6 +196,17 @@ class ServingWorker:
             return True
         p = partition_for_key(policy_id(tenant, policy).encode(), len(parts))
         return self._serving.owns(TopicPartition(self._infer_topic, sorted(parts)[p]))
+
+    def _finish_running(self) -> None:
+        """A rebalance starts: let the requests running in vLLM finish and publish their answers
+        before this engine rejoins, so a partition's new owner finds them answered (the waves
+        finished before each poll the same way). Those past the wait are dropped later with
+        their partition (aborted, answered by the new owner)."""
+        if self.core.flights.wait_idle(timeout_s=REBALANCE_FINISH_S):
+            log.info("running requests finished before the rebalance")
+        else:
+            log.warning("requests still running at the rebalance", running=self.core.in_flight)
+        self._flush()
 
     def _on_revoked(self, tps: set[TopicPartition]) -> None:
         gone = {eid for eid, tp in self._request_partition.items() if tp in tps}

@@ -70,7 +70,7 @@ def test_n_choices_are_one_request_and_a_streamed_answer_arrives_as_deltas_first
         got = answer.payload
         seen = []
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and sum(len(d.text) for _, d in seen) < sum(
+        while time.monotonic() < deadline and sum(len(d.payload.text) for _, d in seen) < sum(
             len(c.text) for c in got.choices
         ):
             for recs in deltas.poll(timeout_ms=200).values():
