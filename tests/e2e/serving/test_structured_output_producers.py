@@ -2,8 +2,9 @@
 infer.requested bodies written by hand (JSON, checked against the published contract) on
 infer.requests; the serving worker on the session's vLLM engine answers each on infer.results.
 The JSON-schema answer (whitespace tokens biased away by logit_bias, see whitespace_bias) ends
-by itself and parses as JSON valid against the schema, a choice answer is one of the choices, a body without ``sampling`` (an old producer's) is answered as before, and a regex
-vLLM cannot compile fails alone with vLLM's message (infer.failed, stage validate)."""
+by itself and parses as JSON valid against the schema, a choice answer is one of the choices,
+a body without ``sampling`` (an old producer's) is answered as before, and a regex vLLM cannot
+compile fails alone with vLLM's message (infer.failed, stage validate)."""
 
 from __future__ import annotations
 
