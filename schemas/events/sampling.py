@@ -38,6 +38,9 @@ class StructuredOutput(BaseModel):
     grammar: str | None = Field(
         None, min_length=1, max_length=MAX_SCHEMA_BYTES, description="an EBNF grammar (vLLM's)"
     )
+    # A modifier, not a kind: JSON without whitespace between tokens (vLLM's option; a small or
+    # undertrained model otherwise may spend its tokens on whitespace JSON allows).
+    disable_any_whitespace: bool = Field(False, description="JSON without optional whitespace")
 
     @model_validator(mode="after")
     def _exactly_one(self) -> StructuredOutput:

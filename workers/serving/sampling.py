@@ -56,6 +56,7 @@ def sampling_params(r: GenRequest, *, delta: bool = True):
             regex=s.regex,
             choice=list(s.choice) if s.choice else None,
             grammar=s.grammar,
+            disable_any_whitespace=s.disable_any_whitespace,
         )
     # logprobs: 0 is the sampled token's own; k adds k alternatives (vLLM's max_logprobs: 20)
     logprobs = (o.top_logprobs or 0) if r.logprobs or o.top_logprobs else None
