@@ -1,158 +1,35 @@
-"""The OpenAI request bodies the gateway takes, validated with pydantic, and their bounds.
+"""Reading a request body: JSON (bounded), ``vllm serve``'s own request checks (its
+``model_validator(mode="before")`` rules, with its messages), the body models
+(gateway.bodies), the fields MinT cannot honour, and this gateway's bounds. Every refusal is a
+400 that names the field (``param``), what was given and what is expected.
 
-What the engines support is accepted (``max_tokens``/``max_completion_tokens``, ``temperature``,
-``top_p``, ``seed``, ``stop``, ``n``, ``logprobs`` of the sampled tokens, ``stream``,
-``stream_options.include_usage``, ``user``); a parameter they cannot honour is a 400 that names
-it (:data:`UNSUPPORTED`); an unknown parameter is a 400 too, as OpenAI answers it. Every error
-names the field (``param``), what was given and what is expected.
+What passes here is what ``vllm serve`` 0.32 would accept for a text model; values that only
+vLLM's ``SamplingParams`` checks (a top_k of -5, a regex that does not compile) go on to the
+engine, which answers them with vLLM's own message (gateway.responses.failure_error). The
+checks that the event contract needs before a request can be published are in
+gateway.sampling.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import BaseModel, ValidationError
 
+from gateway.bodies import NOT_HONOURED, ChatRequest, CompletionRequest, _Sampling
 from gateway.config import GatewayConfig
 from gateway.errors import BadRequest
 
-Stop = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 # OpenAI bodies nest five levels (body, messages, a message, its content parts, a part); tool
-# schemas, which the engines do not take, go deeper. Far beyond this is abuse, not a request.
+# schemas go deeper. Far beyond this is abuse, not a request.
 MAX_DEPTH = 32
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class StreamOptions(_Body):
-    include_usage: bool = False
-
-
-class TextPart(_Body):
-    type: Literal["text"]
-    text: str
-
-
-class Message(_Body):
-    # "developer" is OpenAI's newer name for "system"; "tool" turns need tools (unsupported).
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
-    name: str | None = Field(None, max_length=64)
-
-    def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(p.text for p in self.content)
-
-
-class _Sampling(_Body):
-    model: str = Field(max_length=300)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    # One request per prompt carries its n choices: InferRequested.n's bound (16).
-    n: int = Field(1, ge=1, le=16)
-    seed: int | None = Field(None, ge=-(2**63), lt=2**63)
-    stop: Stop | list[Stop] | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    user: str | None = Field(None, max_length=256)
-    # OpenAI parameters the engines cannot honour: accepted only at their neutral values.
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-
-    def stops(self) -> list[str]:
-        if self.stop is None:
-            return []
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
-
-
-class ChatRequest(_Sampling):
-    messages: list[Message] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)
-    # Not supported (no tool use, no structured output in the engines).
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    functions: list[Any] | None = None
-    function_call: Any = None
-    parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
-
-    def limit(self, config: GatewayConfig) -> int:
-        return self.max_completion_tokens or self.max_tokens or config.default_max_tokens
-
-
-class CompletionRequest(_Sampling):
-    prompt: str | list[str]
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
-    logprobs: int | None = Field(None, ge=0, le=5)
-    echo: bool | None = None
-    best_of: int | None = None
-    suffix: str | None = None
-
-    def prompts(self) -> list[str]:
-        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
-
-    def limit(self, config: GatewayConfig) -> int:
-        return self.max_tokens or 16
-
+MAX_COMPLETION_PROMPTS = 1024  # vLLM's VLLM_MAX_COMPLETION_PROMPTS default
+MAX_CACHE_SALT = 128
+TOOL_USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
 
 T = TypeVar("T", bound=_Sampling)
-
-
-def _unsupported(req: _Sampling) -> tuple[str, str] | None:
-    """(param, why) of the first parameter set to something the engines cannot do."""
-    checks: list[tuple[str, bool, str]] = [
-        ("presence_penalty", bool(req.presence_penalty), "penalties are not supported"),
-        ("frequency_penalty", bool(req.frequency_penalty), "penalties are not supported"),
-        ("logit_bias", bool(req.logit_bias), "logit_bias is not supported"),
-    ]
-    if isinstance(req, ChatRequest):
-        checks += [
-            (
-                "top_logprobs",
-                bool(req.top_logprobs),
-                "only the sampled tokens' logprobs are returned (logprobs: true, top_logprobs: 0)",
-            ),
-            ("tools", bool(req.tools), "tool calls are not supported"),
-            ("tool_choice", req.tool_choice not in (None, "none"), "tool calls are not supported"),
-            ("functions", bool(req.functions), "function calls are not supported"),
-            (
-                "function_call",
-                req.function_call not in (None, "none"),
-                "function calls are not supported",
-            ),
-            ("parallel_tool_calls", bool(req.parallel_tool_calls), "tool calls are not supported"),
-            (
-                "response_format",
-                (req.response_format or {"type": "text"}) != {"type": "text"},
-                "only {'type': 'text'} is supported (no JSON mode or schemas)",
-            ),
-        ]
-    else:
-        assert isinstance(req, CompletionRequest)
-        checks += [
-            (
-                "logprobs",
-                bool(req.logprobs),
-                "only the sampled tokens' logprobs are returned: send logprobs=0",
-            ),
-            ("echo", bool(req.echo), "echo is not supported"),
-            ("best_of", req.best_of not in (None, 1, req.n), "best_of is not supported"),
-            ("suffix", bool(req.suffix), "suffix (insertion) is not supported"),
-        ]
-    for param, bad, why in checks:
-        if bad:
-            return param, why
-    return None
+B = TypeVar("B", bound=BaseModel)
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -201,29 +78,248 @@ def _depth(value: Any) -> int:
 
 
 def validate(model: type[T], body: dict[str, Any], config: GatewayConfig) -> T:
-    """Validate ``body`` as ``model`` and check the gateway's bounds; BadRequest names the
-    first offending field."""
-    try:
-        req = model.model_validate(body)
-    except ValidationError as e:
-        err = e.errors()[0]
-        param = ".".join(str(p) for p in err["loc"]) or None
-        if err["type"] == "extra_forbidden":
-            raise BadRequest(
-                f"Unrecognized request argument supplied: {param}",
-                param=param,
-                code="unknown_parameter",
-            ) from e
-        given = repr(err.get("input"))[:80] if err.get("input") is not body else "{…}"
-        raise BadRequest(f"{param}: {err['msg']} (got {given})", param=param) from e
-    bad = _unsupported(req)
-    if bad is not None:
-        raise BadRequest(f"{bad[0]}: {bad[1]}", param=bad[0], code="unsupported_parameter")
+    """``body`` as ``model``: vLLM's request checks, then the model, then the fields MinT does
+    not honour and this gateway's bounds; BadRequest names the first offending field."""
+    chat = model is ChatRequest
+    body = dict(body)
+    vllm_checks(body, chat=chat)
+    req = validate_body(model, body)
+    _not_honoured(req, body)
     _check_bounds(req, config)
     return req
 
 
+def validate_body(model: type[B], body: dict[str, Any]) -> B:
+    """``body`` as ``model`` (a body without vLLM's request checks: /tokenize, /detokenize)."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        err = e.errors()[0]
+        param = ".".join(str(p) for p in err["loc"] if not _internal(p)) or None
+        given = repr(err.get("input"))[:80] if err.get("input") is not body else "{…}"
+        raise BadRequest(f"{param}: {err['msg']} (got {given})", param=param) from e
+
+
+# pydantic's schema kinds in an error's location (union members, wrappers), not field names
+INTERNAL_LOC = {"str", "int", "float", "bool", "list", "dict", "none", "nullable", "union"}
+
+
+def _internal(segment: object) -> bool:
+    return isinstance(segment, str) and (
+        segment in INTERNAL_LOC or any(c in segment for c in "[](){}")
+    )
+
+
+def ignored_fields(req: _Sampling) -> list[str]:
+    """The body's fields neither vLLM nor MinT knows: ignored, as ``vllm serve`` ignores them
+    (named in a header: printable ASCII, anything else as ``?``)."""
+    names = sorted((req.model_extra or {}).keys() - NOT_HONOURED.keys())
+    return ["".join(c if " " < c < "\x7f" and c != "," else "?" for c in n[:64]) for n in names]
+
+
+# ---------------------------------------------------------------------- vLLM's request checks
+
+
+def vllm_checks(data: dict[str, Any], *, chat: bool) -> None:
+    """vLLM 0.32's ``mode="before"`` validators of ChatCompletionRequest / CompletionRequest,
+    with their messages and parameters. Mutates ``data`` as vLLM does (``tool_choice``
+    defaults to ``auto`` when tools are given; a null completions ``max_tokens`` is 16)."""
+    _check_cache_salt(data.get("cache_salt"))
+    if data.get("stream_options") and not data.get("stream"):
+        raise BadRequest(
+            "Stream options can only be defined when `stream=True`.", param="stream_options"
+        )
+    _check_logprobs(data, chat)
+    _check_response_format(data.get("response_format"))
+    _check_structured_outputs(data, chat)
+    if chat:
+        _check_tool_usage(data)
+        if data.get("continue_final_message") and data.get("add_generation_prompt", True):
+            raise BadRequest(
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+            )
+    else:
+        if data.get("max_tokens") is None:
+            data["max_tokens"] = 16
+        prompt = data.get("prompt")
+        if prompt is None or prompt == "":
+            raise BadRequest(
+                "Either prompt or prompt_embeds must be provided and non-empty.", param="prompt"
+            )
+        if (
+            isinstance(prompt, list)
+            and prompt
+            and not all(isinstance(t, int) for t in prompt)
+            and len(prompt) > MAX_COMPLETION_PROMPTS
+        ):
+            raise BadRequest(
+                f"prompt list length {len(prompt)} exceeds the maximum allowed count of "
+                f"{MAX_COMPLETION_PROMPTS}. To increase this limit, set the "
+                "VLLM_MAX_COMPLETION_PROMPTS environment variable.",
+                param="prompt",
+            )
+
+
+def _check_cache_salt(salt: object) -> None:
+    if salt is None:
+        return
+    if not isinstance(salt, str) or not salt:
+        raise BadRequest(
+            "Parameter 'cache_salt' must be a non-empty string if provided.", param="cache_salt"
+        )
+    if len(salt) > MAX_CACHE_SALT or any(c in "@/\\\x00" for c in salt):
+        raise BadRequest(
+            "Parameter 'cache_salt' must be at most 128 characters and must not contain '@', "
+            "'/', '\\\\', or NUL.",
+            param="cache_salt",
+        )
+
+
+def _check_logprobs(data: dict[str, Any], chat: bool) -> None:
+    k_field = "top_logprobs" if chat else "logprobs"
+    for field in ("prompt_logprobs", k_field):
+        value = data.get(field)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise BadRequest(f"`{field}` must be an integer.", param=field)
+    prompt_logprobs = data.get("prompt_logprobs")
+    if prompt_logprobs is not None:
+        if data.get("stream") and (prompt_logprobs > 0 or prompt_logprobs == -1):
+            raise BadRequest(
+                "`prompt_logprobs` are not available when `stream=True`.",
+                param="prompt_logprobs",
+            )
+        if prompt_logprobs < 0 and prompt_logprobs != -1:
+            raise BadRequest(
+                "`prompt_logprobs` must be a positive value or -1.", param="prompt_logprobs"
+            )
+    k = data.get(k_field)
+    if k is not None:
+        if k < 0 and k != -1:
+            raise BadRequest(f"`{k_field}` must be a positive value or -1.", param=k_field)
+        if chat and (k == -1 or k > 0) and not data.get("logprobs"):
+            raise BadRequest(
+                "when using `top_logprobs`, `logprobs` must be set to true.",
+                param="top_logprobs",
+            )
+
+
+def _check_response_format(rf: object) -> None:
+    if isinstance(rf, dict) and rf.get("type") == "json_schema" and rf.get("json_schema") is None:
+        raise BadRequest(
+            "When response_format type is 'json_schema', the 'json_schema' field must be provided.",
+            param="response_format",
+        )
+
+
+def _check_structured_outputs(data: dict[str, Any], chat: bool) -> None:
+    so = data.get("structured_outputs")
+    if not isinstance(so, dict):
+        return
+    if sum(so.get(k) is not None for k in ("json", "regex", "choice")) > 1:
+        raise BadRequest(
+            "You can only use one kind of constraints for structured outputs ('json', "
+            "'regex' or 'choice').",
+            param="structured_outputs",
+        )
+    constrained = any(so.get(k) is not None for k in ("json", "regex", "choice"))
+    if chat and constrained and data.get("tool_choice", "none") not in ("none", "auto", "required"):
+        raise BadRequest(
+            "You can only either use constraints for structured outputs or tools, not both."
+        )
+
+
+def _check_tool_usage(data: dict[str, Any]) -> None:
+    tools = data.get("tools")
+    if tools == []:
+        raise BadRequest(
+            "`tools` must not be an empty array. Either provide at least one tool or omit the "
+            "field entirely.",
+            param="tools",
+        )
+    if "tool_choice" not in data and tools:
+        data["tool_choice"] = "auto"
+    choice = data.get("tool_choice")
+    if choice is None or choice == "none":
+        return
+    if tools is None:
+        raise BadRequest("When using `tool_choice`, `tools` must be set.", param="tool_choice")
+    if choice not in ("auto", "required") and not isinstance(choice, dict):
+        raise BadRequest(
+            f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", "auto" '
+            'or "required" are supported.',
+            param="tool_choice",
+        )
+    if not isinstance(choice, dict):
+        return
+    function = choice.get("function")
+    if not isinstance(function, dict):
+        raise BadRequest(
+            f"Invalid value for `function`: `{function}` in `tool_choice`! {TOOL_USAGE}",
+            param="tool_choice.function",
+        )
+    if "name" not in function:
+        raise BadRequest(
+            f"Expected field `name` in `function` in `tool_choice`! {TOOL_USAGE}",
+            param="tool_choice.function.name",
+        )
+    name = function["name"]
+    if not isinstance(name, str) or not name:
+        raise BadRequest(
+            f"Invalid `name` in `function`: `{name}` in `tool_choice`! {TOOL_USAGE}",
+            param="tool_choice.function.name",
+        )
+    names = [
+        t.get("function", {}).get("name")
+        for t in tools
+        if isinstance(t, dict) and isinstance(t.get("function"), dict)
+    ]
+    if name not in names:
+        raise BadRequest(
+            "The tool specified in `tool_choice` does not match any of the specified `tools`",
+            param="tool_choice",
+        )
+
+
+# ---------------------------------------------------------------------- MinT's own rules
+
+
+def _not_honoured(req: _Sampling, body: dict[str, Any]) -> None:
+    """A field vLLM honours that MinT's engines do not: a 400 unless it holds vLLM's default
+    (silently ignoring it would answer something else than was asked)."""
+    for field, (defaults, why) in NOT_HONOURED.items():
+        if field in body and body[field] not in defaults:
+            raise BadRequest(
+                f"{field}={str(body[field])[:80]} is not supported by MinT: {why}; leave it out",
+                param=field,
+                code="unsupported_parameter",
+            )
+    if isinstance(req, CompletionRequest) and req.suffix is not None:
+        if req.echo:
+            raise BadRequest("Echo is unsupported with suffix.", param="suffix")
+        raise BadRequest(
+            "suffix is only supported for models with FIM completion rendering", param="suffix"
+        )
+    if isinstance(req, ChatRequest):
+        for i, m in enumerate(req.messages):
+            for j, part in enumerate(m.content if isinstance(m.content, list) else []):
+                if part.type != "text":
+                    raise BadRequest(
+                        f"messages[{i}].content[{j}] is a {part.type!r} part; the models MinT "
+                        "serves are text models: send text parts",
+                        param=f"messages.{i}.content.{j}.type",
+                    )
+        kwargs = req.chat_template_kwargs or {}
+        if req.chat_template is not None or kwargs.get("chat_template") is not None:
+            raise BadRequest(
+                "Chat template is passed with request, but --trust-request-chat-template is "
+                "not set. Refused request with untrusted chat template."
+            )
+
+
 def _check_bounds(req: _Sampling, config: GatewayConfig) -> None:
+    """This gateway's limits (documented MinT rules: what one request may make the engines
+    do), each a 400 ``limit_exceeded`` naming the field and the limit."""
+
     def too_big(param: str, what: str, value: int, limit: int) -> BadRequest:
         return BadRequest(
             f"{param}: {what} {value} is over this gateway's limit of {limit}",
@@ -231,8 +327,7 @@ def _check_bounds(req: _Sampling, config: GatewayConfig) -> None:
             code="limit_exceeded",
         )
 
-    if len(req.stops()) > 4:
-        raise BadRequest(f"stop: at most 4 sequences, got {len(req.stops())}", param="stop")
+    n = req.n if req.n is not None else 1
     if isinstance(req, ChatRequest):
         for param in ("max_tokens", "max_completion_tokens"):
             value = getattr(req, param)
@@ -243,23 +338,15 @@ def _check_bounds(req: _Sampling, config: GatewayConfig) -> None:
         chars = sum(len(m.text()) for m in req.messages)
         if chars > config.max_prompt_chars:
             raise too_big("messages", "characters", chars, config.max_prompt_chars)
-        if not any(m.role == "user" and m.text() for m in req.messages):
-            raise BadRequest(
-                "messages: at least one user message with content is needed", param="messages"
-            )
-        choices = req.n
+        choices = n
     else:
         assert isinstance(req, CompletionRequest)
         if req.max_tokens is not None and req.max_tokens > config.max_tokens:
             raise too_big("max_tokens", "max tokens", req.max_tokens, config.max_tokens)
         prompts = req.prompts()
-        if not prompts:
-            raise BadRequest("prompt: the list is empty; send at least one prompt", param="prompt")
-        for i, p in enumerate(prompts):
-            if not p:
-                raise BadRequest(f"prompt[{i}] is empty: send some text", param="prompt")
-            if len(p) > config.max_prompt_chars:
+        for p in prompts:
+            if isinstance(p, str) and len(p) > config.max_prompt_chars:
                 raise too_big("prompt", "characters", len(p), config.max_prompt_chars)
-        choices = req.n * len(prompts)
-    if choices > config.max_choices:
+        choices = n * max(1, len(prompts))
+    if n >= 1 and choices > config.max_choices:
         raise too_big("n", "choices (n × prompts)", choices, config.max_choices)

@@ -30,8 +30,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from catalog.exceptions import CatalogUnavailable
 from catalog.refs import Ref
-from gateway import responses, streaming
-from gateway.api import ChatRequest, CompletionRequest, parse_json, validate
+from gateway import asks, responses, streaming
+from gateway.api import ignored_fields, parse_json, validate
+from gateway.bodies import ChatRequest, CompletionRequest
 from gateway.deltas import Answers
 from gateway.errors import ApiError, BadRequest, Unavailable
 from gateway.lifecycle import build_router as lifecycle_router
@@ -39,12 +40,23 @@ from gateway.metrics import GatewayMetrics
 from gateway.refs import parse_model
 from gateway.service import Gateway
 from gateway.tinker.router import build_router
+from gateway.tokenize_routes import build_router as tokenize_router
+from gateway.tools import check_tool_choice
 from schemas.envelope import Envelope
-from schemas.events import ChatTurn, InferRequested
 from schemas.logs import bound_event
 
 log = structlog.get_logger()
-ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/healthz", "/metrics"}
+ROUTES = {
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/models",
+    "/tokenize",
+    "/detokenize",
+    "/version",
+    "/healthz",
+    "/metrics",
+}
+VLLM_VERSION = "0.32.0"  # the vllm serve whose API this gateway serves
 # Routes with ids in their paths are counted by surface (a bounded label set).
 ROUTE_PREFIXES = (("/api/v1/", "/api/v1 (tinker)"), ("/mint/v1/", "/mint/v1 (lifecycle)"))
 
@@ -53,9 +65,6 @@ def route_label(path: str) -> str:
     if path in ROUTES:
         return path
     return next((label for prefix, label in ROUTE_PREFIXES if path.startswith(prefix)), "other")
-
-
-OPENAI_TEMPERATURE = 1.0  # OpenAI's default when a request names none (the engine's is 0)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -78,43 +87,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _sampling(req: ChatRequest | CompletionRequest) -> dict[str, Any]:
-    """The sampling fields, with OpenAI's defaults where the body left them out. The ``n``
-    choices of a prompt are one request: the engine samples them apart from one seed (vLLM's
-    ``n``), so they are not ``n`` copies."""
-    return {
-        "temperature": OPENAI_TEMPERATURE if req.temperature is None else req.temperature,
-        "top_p": 1.0 if req.top_p is None else req.top_p,
-        "seed": req.seed,
-        "stop": req.stops(),
-        "n": req.n,
-    }
-
-
-def _payloads(
-    req: ChatRequest | CompletionRequest, ids: list[str], common: dict[str, Any]
-) -> list[InferRequested]:
-    """One ``InferRequested`` per prompt, with ``n`` choices: a chat's last user turn (with
-    the whole conversation), or each completion prompt; ``common``: alias, revision,
-    max_tokens, the deadline and ``stream_to``, the same for every prompt."""
-    if isinstance(req, ChatRequest):
-        turns = [
-            ChatTurn(role="system" if m.role == "developer" else m.role, content=m.text())
-            for m in req.messages
-        ]
-        last_user = next(m.text() for m in reversed(req.messages) if m.role == "user" and m.text())
-        prompts = [last_user]
-        extra: dict[str, Any] = {"chat": True, "messages": turns, "logprobs": bool(req.logprobs)}
-    else:
-        prompts = req.prompts()
-        extra = {"logprobs": req.logprobs is not None}
-    return [
-        InferRequested(request_id=ids[k], prompt=prompt, **common, **_sampling(req), **extra)
-        for k, prompt in enumerate(prompts)
-    ]
-
-
-def _client(request: Request) -> str | None:
+def client_of(request: Request) -> str | None:
     """The caller's address (behind a proxy: what uvicorn's ``proxy_headers`` made of it)."""
     return request.client.host if request.client else None
 
@@ -173,6 +146,7 @@ def create_app(gw: Gateway) -> FastAPI:
     if gw.tinker is not None:  # the Tinker SDK's /api/v1 (gateway/tinker)
         app.include_router(build_router(gw.tinker))
     app.include_router(lifecycle_router(gw))  # /mint/v1: a tenant's own policies
+    app.include_router(tokenize_router(gw))  # /tokenize, /detokenize as vllm serve
 
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, e: ApiError) -> JSONResponse:
@@ -216,7 +190,7 @@ def create_app(gw: Gateway) -> FastAPI:
         )
 
     async def infer(request: Request, chat: bool) -> Response:
-        caller = await gw.authenticate(request.headers.get("authorization"), _client(request))
+        caller = await gw.authenticate(request.headers.get("authorization"), client_of(request))
         await gw.admit(caller.tenant)
         body = parse_json(await read_body(request, cfg.max_body_bytes))
         req: ChatRequest | CompletionRequest = validate(
@@ -224,6 +198,12 @@ def create_app(gw: Gateway) -> FastAPI:
         )
         ref = parse_model(req.model, caller.tenant)
         alias, revision = await gw.target(ref, req.model)
+        if isinstance(req, ChatRequest):
+            check_tool_choice(req, gw.tools)
+        # the base model's tokenizer, when this request can use it and this gateway has it
+        tokenizer = (
+            await gw.tokenizer(ref, req.model, required=False) if asks.uses_tokenizer(req) else None
+        )
         correlation_id = uuid.uuid4()
         with bound_event(
             correlation_id=str(correlation_id),
@@ -239,56 +219,64 @@ def create_app(gw: Gateway) -> FastAPI:
             common = {
                 "alias": alias,
                 "revision": revision,
-                "max_tokens": req.limit(cfg),
                 "expires_at": expires_at,
                 # deltas keyed by this instance's id: it follows only that partition
                 "stream_to": cfg.instance_id if req.stream else None,
             }
-            payloads = _payloads(req, ids, common)
-            rid = f"chatcmpl-{base}" if chat else f"cmpl-{base}"
+            ask = asks.build(
+                req,
+                ids,
+                common,
+                default_max_tokens=cfg.default_max_tokens,
+                tools=gw.tools,
+                tokenizer=tokenizer,
+            )
+            # vllm serve names the response after the request's request_id when it sends one
+            stem = req.request_id or base
+            rid = f"chatcmpl-{stem}" if chat else f"cmpl-{stem}"
             created = int(time.time())
             t0 = time.perf_counter()
             try:
                 if req.stream:
-                    answers, first = await gw.stream(ref, req.model, payloads, correlation_id)
+                    answers, first = await gw.stream(ref, req.model, ask.payloads, correlation_id)
                 else:
-                    done = await gw.run(ref, req.model, payloads, correlation_id)
+                    done = await gw.run(ref, req.model, ask.payloads, correlation_id)
             except ApiError as e:
                 log.info("request refused", status=e.status, code=e.code, error=e.message[:200])
                 raise
             ms = round((time.perf_counter() - t0) * 1000, 1)
             if req.stream:
-                log.info("stream started", prompts=prompts, n=req.n, ms_to_first_event=ms)
+                log.info("stream started", prompts=prompts, n=ask.n, ms_to_first_event=ms)
             else:
                 log.info(
-                    "request answered", prompts=prompts, n=req.n, revision=done[0].revision, ms=ms
+                    "request answered", prompts=prompts, n=ask.n, revision=done[0].revision, ms=ms
                 )
+        ignored = ",".join(ignored_fields(req))[:1000]
+        extra = {"x-mint-ignored-fields": ignored} if ignored else {}
         if req.stream:
-            return _stream_response(req, chat, rid, created, ref, answers, first, correlation_id)
-        headers = responses.revision_headers(done, ref)
+            return _stream_response(ask, rid, created, ref, answers, first, correlation_id, extra)
+        headers = {**responses.revision_headers(done, ref), **extra}
         headers["x-mint-correlation-id"] = str(correlation_id)
-        return JSONResponse(
-            responses.response(chat, rid, created, req.model, done, req.n), headers=headers
-        )
+        return JSONResponse(responses.response(ask, rid, created, req.model, done), headers=headers)
 
     def _stream_response(
-        req: ChatRequest | CompletionRequest,
-        chat: bool,
+        ask: asks.Ask,
         rid: str,
         created: int,
         ref: Ref,
         answers: Answers,
         first: list[tuple[int, Envelope[Any]]],
         correlation_id: uuid.UUID,
+        extra: dict[str, str],
     ) -> Response:
         """The SSE response of a stream whose first events were read (headers: what they say:
         the revisions generating; the adapter digest comes as the chunks' fingerprint)."""
+        req = ask.req
         chunks = streaming.StreamChunks(
-            chat=chat,
+            ask=ask,
             rid=rid,
             created=created,
             model=req.model,
-            n=req.n,
             prompts=len(answers.envs),
             include_usage=bool(req.stream_options and req.stream_options.include_usage),
         )
@@ -297,7 +285,7 @@ def create_app(gw: Gateway) -> FastAPI:
             first,
             chunks,
             retry_after_s=cfg.retry_after_s,
-            prompt_param="messages" if chat else "prompt",
+            prompt_param="messages" if ask.chat else "prompt",
             log_fields={"correlation_id": str(correlation_id), "tenant": ref.tenant},
             on_answered=lambda done: gw.streamed(done, answers.started),
         )
@@ -311,6 +299,7 @@ def create_app(gw: Gateway) -> FastAPI:
             ),
             "x-mint-policy": f"{ref.tenant}/{ref.policy}",
             "x-mint-correlation-id": str(correlation_id),
+            **extra,
         }
         return EventSourceResponse(
             events, headers=headers, ping=15, client_close_handler_callable=client_gone
@@ -326,7 +315,7 @@ def create_app(gw: Gateway) -> FastAPI:
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> JSONResponse:
-        caller = await gw.authenticate(request.headers.get("authorization"), _client(request))
+        caller = await gw.authenticate(request.headers.get("authorization"), client_of(request))
         await gw.admit(caller.tenant)
         found = await gw.models(caller.tenant)
         return JSONResponse(
@@ -343,6 +332,11 @@ def create_app(gw: Gateway) -> FastAPI:
                 ],
             }
         )
+
+    @app.get("/version")
+    async def version() -> JSONResponse:
+        """vllm serve's /version: the vLLM version whose API this gateway serves."""
+        return JSONResponse({"version": VLLM_VERSION})
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:

@@ -6,7 +6,7 @@ import os
 import secrets
 import socket
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 INSTANCE_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}$"
 
@@ -48,3 +48,16 @@ class GatewayConfig(BaseModel):
     max_tokens: int = Field(4096, ge=1, le=32768, description="largest max_tokens accepted")
     default_max_tokens: int = Field(256, ge=1, description="chat max_tokens when not given")
     max_choices: int = Field(8, ge=1, le=64, description="n × prompts per request")
+    # vllm serve's options of the same names (gateway.tools, gateway.tokenize)
+    tool_call_parser: str | None = Field(None, description="tool calls in answers: hermes")
+    enable_auto_tool_choice: bool = Field(False, description="tools: with tool_call_parser")
+    max_model_len: int | None = Field(
+        None, ge=1, description="/tokenize's max_model_len (None: the model's config)"
+    )
+
+    @model_validator(mode="after")
+    def _tool_options(self) -> GatewayConfig:
+        from gateway.tools import ToolOptions  # vllm serve's rules for the two options
+
+        ToolOptions(self.tool_call_parser, self.enable_auto_tool_choice)
+        return self

@@ -40,6 +40,12 @@ class CatalogDirectory:
             return False
         return True
 
+    def base_model(self, tenant: str, policy: str) -> str | None:
+        try:
+            return self.catalog.get_policy(tenant, policy).base_model
+        except NotFound:
+            return None
+
     def revision_of_digest(self, tenant: str, policy: str, digest: str) -> int | None:
         try:
             return self.catalog.resolve(Ref(tenant, policy, digest=digest)).revision

@@ -16,6 +16,7 @@ from schemas.settings import MintSettings
 
 if TYPE_CHECKING:
     from gateway.tinker.service import TinkerApi
+    from gateway.tokenize import Tokenizers
 
 log = structlog.get_logger()
 
@@ -49,7 +50,18 @@ def build(settings: MintSettings, config: GatewayConfig) -> Gateway:
         raise
     gw = Gateway(config, directory, engines, metrics=metrics, on_close=cluster.shutdown)
     gw.tinker = tinker_api(settings, gw)
+    gw.tokenizers = tokenizers(settings, config)
     return gw
+
+
+def tokenizers(settings: MintSettings, config: GatewayConfig) -> Tokenizers:
+    """The base models' tokenizers, from their local folders (gateway.tokenize.locate)."""
+    from gateway.tokenize import Tokenizers, locate
+
+    return Tokenizers(
+        lambda base: locate(base, settings.models_dir, settings.base_model or None),
+        max_model_len=config.max_model_len,
+    )
 
 
 def tinker_api(settings: MintSettings, gw: Gateway) -> TinkerApi:

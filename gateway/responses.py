@@ -1,11 +1,12 @@
-"""Engine answers → OpenAI response bodies (streams: gateway.streaming, from these parts).
+"""Engine answers → ``vllm serve``'s response bodies (streams: gateway.streaming, from these
+parts).
 
 One ``infer.completed`` answers one prompt with its ``n`` choices (``choices``; with n = 1 the
 top-level fields are the one choice); the response lists prompt k's choice j at index
-``k * n + j``, as OpenAI does. ``system_fingerprint`` is the adapter digest that answered (the
+``k * n + j``, as vLLM does. ``system_fingerprint`` is the adapter digest that answered (the
 revision's identity), so a caller sees an alias move take effect; the ``x-mint-*`` headers say
-the same in words. Token strings are not returned by the engine: logprobs name tokens as
-``token_id:<id>`` (vLLM's ``return_tokens_as_token_ids`` form).
+the same in words. Bodies carry vLLM's own extra fields (``stop_reason``, ``token_ids`` with
+``return_token_ids``, ``prompt_logprobs``, ``prompt_token_ids``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,17 @@ from __future__ import annotations
 from typing import Any
 
 from catalog.refs import Ref
+from gateway.asks import Ask
+from gateway.bodies import ChatRequest, CompletionRequest
 from gateway.errors import ApiError, BadRequest, EngineFailed, ModelNotFound, Unavailable
+from gateway.logprobs import (
+    TokenText,
+    chat_content,
+    completion_logprobs,
+    prompt_logprobs_body,
+    sampled,
+)
+from gateway.tools import read_answer
 from schemas.envelope import Envelope
 from schemas.events import InferChoice, InferCompleted, InferFailed
 
@@ -49,6 +60,8 @@ def choices_of(p: InferCompleted) -> list[InferChoice]:
             finish_reason=p.finish_reason,
             token_ids=p.token_ids,
             logprobs=p.logprobs,
+            token_logprobs=p.token_logprobs,
+            stop_reason=p.stop_reason,
         )
     ]
 
@@ -85,7 +98,8 @@ def failure_error(
     retry_after_s: int = 5,
     prompt_param: str | None = None,
 ) -> ApiError:
-    """The HTTP error of an engine's ``infer.failed`` answer (its stage, error text and code)."""
+    """The HTTP error of an engine's ``infer.failed`` answer (its stage, error text and code).
+    A refusal at stage ``validate`` is vLLM's own 400 (the engine passes vLLM's message)."""
     if stage == "resolve":  # the same answer as a model of another tenant: no oracle
         return ModelNotFound(model)
     if stage == "validate":  # the engine cannot run this request (prompt too long, a bad value)
@@ -128,68 +142,144 @@ def revision_headers(done: list[InferCompleted], ref: Ref) -> dict[str, str]:
     return headers
 
 
-def usage(done: list[InferCompleted]) -> dict[str, int]:
+def usage(done: list[InferCompleted]) -> dict[str, Any]:
     """One answer per prompt: its prompt tokens counted once (its choices share the prefill),
     its completion tokens summed over its choices (the engine's ``completion_tokens``)."""
     prompt = sum(p.prompt_tokens for p in done)
     completion = sum(p.completion_tokens for p in done)
     return {
         "prompt_tokens": prompt,
-        "completion_tokens": completion,
         "total_tokens": prompt + completion,
+        "completion_tokens": completion,
+        "prompt_tokens_details": None,
     }
 
 
-def _token(t: int) -> str:
-    return f"token_id:{t}"
+def finish(c: InferChoice) -> str:
+    return "stop" if c.finish_reason == "stop" else "length"
 
 
-def chat_logprobs(p: InferChoice) -> dict[str, Any] | None:
-    if p.logprobs is None:
+def token_text(ask: Ask) -> TokenText:
+    return TokenText(bool(ask.req.return_tokens_as_token_ids), ask.tokenizer)
+
+
+# ---------------------------------------------------------------------- chat
+
+
+def chat_logprobs(ask: Ask, c: InferChoice) -> dict[str, Any] | None:
+    if ask.top is None:
         return None
-    return {
-        "content": [
-            {"token": _token(t), "logprob": lp, "bytes": None, "top_logprobs": []}
-            for t, lp in zip(p.token_ids, p.logprobs, strict=False)
-        ]
+    return {"content": chat_content(sampled(c), ask.top, token_text(ask))}
+
+
+def chat_message(ask: Ask, c: InferChoice) -> tuple[dict[str, Any], str]:
+    """(the message, its finish_reason) of a chat choice, tool calls read as vLLM reads them."""
+    assert isinstance(ask.req, ChatRequest)
+    answer = read_answer(ask.req, c.text, ask.tools)
+    content = answer.content
+    if ask.echo_prefix:
+        content = ask.echo_prefix + (content or "")
+    message: dict[str, Any] = {
+        "role": ask.role,
+        "content": content,
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+        "reasoning": None,
     }
-
-
-def completion_logprobs(p: InferChoice) -> dict[str, Any] | None:
-    if p.logprobs is None:
-        return None
-    return {
-        "tokens": [_token(t) for t in p.token_ids],
-        "token_logprobs": list(p.logprobs),
-        "top_logprobs": None,
-        "text_offset": None,
-    }
-
-
-def finish(p: InferChoice) -> str:
-    return "stop" if p.finish_reason == "stop" else "length"
-
-
-def _choice(chat: bool, i: int, c: InferChoice) -> dict[str, Any]:
-    if chat:
-        body = {"message": {"role": "assistant", "content": c.text}, "logprobs": chat_logprobs(c)}
+    if answer.tool_calls:
+        message["tool_calls"] = answer.tool_calls
+    # vLLM: "tool_calls" for auto calls made, and for required when the answer stopped
+    choice = ask.req.tool_choice
+    if choice == "required":
+        called = c.finish_reason == "stop"
     else:
-        body = {"text": c.text, "logprobs": completion_logprobs(c)}
-    return {"index": i, **body, "finish_reason": finish(c)}
+        called = choice in ("auto", None) and bool(answer.tool_calls)
+    return message, "tool_calls" if called else finish(c)
 
 
-def response(
-    chat: bool, rid: str, created: int, model: str, done: list[InferCompleted], n: int
+def _chat_choice(ask: Ask, i: int, c: InferChoice) -> dict[str, Any]:
+    message, reason = chat_message(ask, c)
+    return {
+        "index": i,
+        "message": message,
+        "logprobs": chat_logprobs(ask, c),
+        "finish_reason": reason,
+        "stop_reason": c.stop_reason,
+        "token_ids": list(c.token_ids) if ask.req.return_token_ids else None,
+    }
+
+
+# ---------------------------------------------------------------------- completions
+
+
+def completion_choice_logprobs(
+    ask: Ask, k: int, p: InferCompleted, c: InferChoice
+) -> dict[str, Any] | None:
+    """A completion choice's logprobs; with echo, the prompt's first (vLLM lists the prompt's
+    tokens before the answer's, the first without a logprob)."""
+    if ask.req.logprobs is None:
+        return None
+    text = token_text(ask)
+    tokens: list[Any] = sampled(c)
+    ids = list(c.token_ids)
+    if ask.req.echo:
+        prompt_ids = list(p.prompt_token_ids or [])
+        prompt = list(p.prompt_logprobs or [None] * len(prompt_ids))
+        if ask.echo_only:
+            tokens, ids = prompt, prompt_ids
+        else:
+            tokens, ids = [*prompt, *tokens], [*prompt_ids, *ids]
+    return completion_logprobs(tokens, ids, ask.req.logprobs, text)
+
+
+def completion_text(ask: Ask, k: int, c: InferChoice) -> str:
+    if not ask.req.echo:
+        return c.text
+    prompt = ask.prompt_texts[k] if k < len(ask.prompt_texts) else ""
+    return prompt if ask.echo_only else prompt + c.text
+
+
+def _completion_choice(
+    ask: Ask, k: int, i: int, p: InferCompleted, c: InferChoice
 ) -> dict[str, Any]:
+    assert isinstance(ask.req, CompletionRequest)
+    return {
+        "index": i,
+        "text": completion_text(ask, k, c),
+        "logprobs": completion_choice_logprobs(ask, k, p, c),
+        "finish_reason": finish(c),
+        "stop_reason": c.stop_reason,
+        "token_ids": list(c.token_ids) if ask.req.return_token_ids else None,
+        "prompt_logprobs": prompt_logprobs_body(p.prompt_logprobs),
+        "prompt_token_ids": p.prompt_token_ids if ask.req.return_token_ids else None,
+    }
+
+
+def response(ask: Ask, rid: str, created: int, model: str, done: list[InferCompleted]) -> dict:
     """The whole answer: a ``chat.completion`` or a ``text_completion`` (``done``: one answer
     per prompt, ``n`` choices each)."""
-    choices = [c for p in done for c in check_choices(p, n)]
-    return {
+    body: dict[str, Any] = {
         "id": rid,
-        "object": "chat.completion" if chat else "text_completion",
+        "object": "chat.completion" if ask.chat else "text_completion",
         "created": created,
         "model": model,
+        "choices": [],
+        "service_tier": None,
         "system_fingerprint": fingerprint(done),
-        "choices": [_choice(chat, i, c) for i, c in enumerate(choices)],
         "usage": usage(done),
     }
+    i = 0
+    for k, p in enumerate(done):
+        for c in check_choices(p, ask.n):
+            if ask.chat:
+                body["choices"].append(_chat_choice(ask, i, c))
+            else:
+                body["choices"].append(_completion_choice(ask, k, i, p, c))
+            i += 1
+    if ask.chat:
+        p = done[0]
+        body["prompt_logprobs"] = prompt_logprobs_body(p.prompt_logprobs)
+        body["prompt_token_ids"] = p.prompt_token_ids if ask.req.return_token_ids else None
+    return body

@@ -25,6 +25,8 @@ from gateway.errors import BadRequest, ModelNotFound, RateLimited, Unauthorized
 from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import RateLimiter, retry_after
 from gateway.responses import check_answers, no_answer
+from gateway.tokenize import BaseTokenizer, NoTokenizer, Tokenizers
+from gateway.tools import ToolOptions
 from schemas.envelope import Envelope, make_event
 from schemas.events import InferCompleted, InferFailed, InferRequested
 from schemas.exceptions import EventValidationError
@@ -44,6 +46,10 @@ class Catalog(Protocol):
     def policy_exists(self, tenant: str, policy: str) -> bool: ...
     def revision_of_digest(self, tenant: str, policy: str, digest: str) -> int | None: ...
     def models(self, tenant: str) -> list[ModelEntry]: ...
+
+    # Optional, read with getattr: ``base_model(tenant, policy) -> str | None``, the policy's
+    # base model (its tokenizer serves /tokenize and templates rendered on the gateway); a
+    # catalog without it gives the gateway no tokenizers.
 
 
 class Engines(Protocol):
@@ -101,8 +107,24 @@ class Gateway:
             ttl_of=lambda rev: 24 * 3600.0 if rev else short,
         )
         self._models = Cached(catalog.models, ttl, clock=clock)
+        read_base = getattr(catalog, "base_model", None)
+        # a policy's base model never changes: only "not found" may
+        self._base_models = (
+            Cached(
+                lambda k: read_base(*k),
+                24 * 3600.0,
+                clock=clock,
+                ttl_of=lambda base: 24 * 3600.0 if base else short,
+            )
+            if read_base is not None
+            else None
+        )
         self._on_close = on_close
         self.tinker: TinkerApi | None = None  # the Tinker API (gateway.tinker), when served
+        # vllm serve's --enable-auto-tool-choice / --tool-call-parser (gateway.tools)
+        self.tools = ToolOptions(config.tool_call_parser, config.enable_auto_tool_choice)
+        # the base models' tokenizers (gateway.tokenize), when this gateway has their folders
+        self.tokenizers: Tokenizers | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -168,6 +190,24 @@ class Gateway:
 
     async def models(self, tenant: str) -> list[ModelEntry]:
         return await self._cached(self._models, tenant)
+
+    async def tokenizer(self, ref: Ref, model: str, *, required: bool) -> BaseTokenizer | None:
+        """The tokenizer of the policy's base model (the caller's policy: ModelNotFound
+        otherwise). Not on this gateway: None, or with ``required`` a 400 that says so."""
+        if not await self._cached(self._policies, (ref.tenant, ref.policy)):
+            raise ModelNotFound(model)
+        why = "this gateway has no tokenizers (no base model folders)"
+        if self.tokenizers is not None and self._base_models is not None:
+            base = await self._cached(self._base_models, (ref.tenant, ref.policy))
+            if base is None:
+                raise ModelNotFound(model)
+            try:
+                return await self.tokenizers.get(base)
+            except NoTokenizer as e:
+                why = str(e)
+        if required:
+            raise BadRequest(f"model '{model}': {why}", param="model", code="tokenizer_unavailable")
+        return None
 
     def request_ids(self, n: int) -> tuple[str, list[str]]:
         """(the response id's stem, one request id per prompt) under this instance's prefix."""

@@ -20,6 +20,11 @@ on the completion's content chunk, sent just before the finish chunk (with empty
 the deltas had sent all the text): a client that joins the chunks' ``logprobs.content`` lists
 gets every token once, in order. ``system_fingerprint`` (the adapter digest) is known from the
 completion on: earlier chunks carry ``null``, as vLLM's do.
+
+Tool calls (the tool parser on): under a named tool choice the deltas are the call's arguments
+(``tool_calls`` deltas, the first with id, type and name); under ``required`` and ``auto`` the
+text is held back and the message comes whole with the completion. Echo: completions send the
+prompt first, chat the last message after the role chunk.
 """
 
 from __future__ import annotations
@@ -33,17 +38,21 @@ from typing import Any
 
 import structlog
 
+from gateway.asks import Ask
+from gateway.bodies import ChatRequest
 from gateway.deltas import Answers
 from gateway.errors import ApiError, Unavailable
 from gateway.responses import (
     chat_logprobs,
+    chat_message,
     check_choices,
-    completion_logprobs,
+    completion_choice_logprobs,
     failure_error,
     fingerprint,
     finish,
     usage,
 )
+from gateway.tools import make_tool_call_id, named
 from schemas.envelope import Envelope
 from schemas.events import InferCompleted, InferDelta, InferFailed
 
@@ -62,18 +71,30 @@ class StreamChunks:
     """The chunks of one stream: ``prompts`` requests of ``n`` choices each (prompt k's choice
     j is choice ``k * n + j``). Feed it events with :meth:`delta` and :meth:`completed`."""
 
-    chat: bool
+    ask: Ask
     rid: str
     created: int
     model: str
-    n: int
     prompts: int
     include_usage: bool
     done: list[InferCompleted] = field(default_factory=list)
     dropped: int = 0  # deltas not sent: repeats, after a gap, after the completion
 
     def __post_init__(self) -> None:
+        self.chat, self.n = self.ask.chat, self.ask.n
         self.choices = [_Choice() for _ in range(self.n * self.prompts)]
+        req = self.ask.req
+        parser_on = self.ask.tools.parser is not None and isinstance(req, ChatRequest)
+        # named tool choice: the arguments stream as tool-call deltas (vLLM's
+        # extract_named_tool_call_streaming); required and auto: the calls are read from the
+        # whole answer, so their text is held back until the completion
+        self.tool_name = named(req) if parser_on and isinstance(req, ChatRequest) else None
+        self.hold = (
+            parser_on
+            and isinstance(req, ChatRequest)
+            and bool(req.tools)
+            and req.tool_choice in ("auto", "required", None)
+        )
 
     def _chunk(self, index: int, body: dict[str, Any], reason: str | None) -> dict[str, Any]:
         return {
@@ -85,16 +106,40 @@ class StreamChunks:
             "choices": [{"index": index, **body, "finish_reason": reason}],
         }
 
+    def _delta(self, index: int, text: str) -> dict[str, Any]:
+        """A chat delta of ``text`` (a tool call's arguments under a named tool choice)."""
+        if self.tool_name is None:
+            return {"content": text}
+        call: dict[str, Any] = {"index": 0, "function": {"arguments": text}}
+        if not self.choices[index].sent:
+            call = {
+                "id": make_tool_call_id(),
+                "type": "function",
+                "index": 0,
+                "function": {"name": self.tool_name, "arguments": text},
+            }
+        return {"tool_calls": [call]}
+
     def _text(self, index: int, text: str, logprobs: dict[str, Any] | None) -> dict[str, Any]:
-        body = {"delta": {"content": text}} if self.chat else {"text": text}
+        body = {"delta": self._delta(index, text)} if self.chat else {"text": text}
         return self._chunk(index, {**body, "logprobs": logprobs}, None)
 
     def opening(self) -> list[dict[str, Any]]:
-        """Chat: each choice's role chunk; completions: nothing."""
-        if not self.chat:
-            return []
-        role = {"delta": {"role": "assistant", "content": ""}, "logprobs": None}
-        return [self._chunk(i, role, None) for i in range(len(self.choices))]
+        """Chat: each choice's role chunk (then the echoed last message); completions with
+        echo: each choice's prompt."""
+        out = []
+        for i in range(len(self.choices)):
+            if self.chat:
+                role = {"delta": {"role": self.ask.role, "content": ""}, "logprobs": None}
+                out.append(self._chunk(i, role, None))
+                if self.ask.echo_prefix:
+                    echo = {"delta": {"content": self.ask.echo_prefix}, "logprobs": None}
+                    out.append(self._chunk(i, echo, None))
+            elif self.ask.req.echo:
+                k = i // self.n
+                prompt = self.ask.prompt_texts[k] if k < len(self.ask.prompt_texts) else ""
+                out.append(self._chunk(i, {"text": prompt, "logprobs": None}, None))
+        return out
 
     def delta(self, k: int, d: InferDelta) -> list[dict[str, Any]]:
         """The chunk of delta ``d`` of prompt ``k``, if it continues its choice's text."""
@@ -106,11 +151,12 @@ class StreamChunks:
         if choice.finished or d.offset != choice.chars:  # a repeat, or after a gap
             self.dropped += 1
             return []
-        if not d.text:
+        if not d.text or self.hold or self.ask.echo_only:
             return []
+        out = [self._text(index, d.text, None)]
         choice.sent.append(d.text)
         choice.chars += len(d.text)
-        return [self._text(index, d.text, None)]
+        return out
 
     def completed(self, k: int, p: InferCompleted) -> list[dict[str, Any]]:
         """Per choice of prompt ``k``: the text the deltas did not send (with the choice's
@@ -129,13 +175,28 @@ class StreamChunks:
                     choice=c.index,
                     sent_chars=len(sent),
                 )
-            rest = c.text[choice.chars :]
-            logprobs = chat_logprobs(c) if self.chat else completion_logprobs(c)
-            if rest or logprobs is not None:
-                out.append(self._text(index, rest, logprobs))
+            if self.chat:
+                logprobs = chat_logprobs(self.ask, c)
+                message, reason = chat_message(self.ask, c)
+            else:
+                logprobs = completion_choice_logprobs(self.ask, k, p, c)
+                reason = finish(c)
+            if self.hold:  # the whole message at once: its content and tool calls
+                delta = {
+                    key: message[key]
+                    for key in ("content", "tool_calls")
+                    if message.get(key) not in (None, "", [])
+                }
+                out.append(self._chunk(index, {"delta": delta, "logprobs": logprobs}, None))
+            else:
+                rest = "" if self.ask.echo_only else c.text[choice.chars :]
+                if rest or logprobs is not None:
+                    out.append(self._text(index, rest, logprobs))
+                    choice.sent.append(rest)
             choice.finished, choice.chars = True, len(c.text)
             end = {"delta": {}} if self.chat else {"text": ""}
-            out.append(self._chunk(index, {**end, "logprobs": None}, finish(c)))
+            body = {**end, "logprobs": None, "stop_reason": c.stop_reason}
+            out.append(self._chunk(index, body, reason))
         return out
 
     def closing(self) -> list[dict[str, Any]]:

@@ -92,6 +92,25 @@ out = Console()
     help="Largest max_tokens a request may ask for.",
 )
 @click.option("--max-body-bytes", type=int, default=256 * 1024)
+@click.option(
+    "--enable-auto-tool-choice",
+    is_flag=True,
+    default=False,
+    help="As vllm serve: answer tools with tool_choice auto, required or a named function "
+    "(needs --tool-call-parser).",
+)
+@click.option(
+    "--tool-call-parser",
+    type=click.Choice(["hermes"]),
+    default=None,
+    help="As vllm serve: how tool calls are read from an answer (hermes: <tool_call> tags).",
+)
+@click.option(
+    "--max-model-len",
+    type=int,
+    default=None,
+    help="The engines' context length, as /tokenize reports it (default: the model's config).",
+)
 @one_line_errors
 def gateway(host: str, port: int, instance_id: str | None, **limits) -> None:
     """Serve the OpenAI API (chat and completions, streamed or not) over the engines.

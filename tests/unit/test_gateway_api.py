@@ -3,10 +3,13 @@ their bounds, the token bucket."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from catalog.refs import Ref
-from gateway.api import ChatRequest, CompletionRequest, parse_json, validate
+from gateway.api import ignored_fields, parse_json, validate
+from gateway.bodies import ChatRequest, CompletionRequest
 from gateway.config import GatewayConfig
 from gateway.errors import BadRequest, ModelNotFound
 from gateway.ratelimit import RateLimiter, retry_after
@@ -65,7 +68,11 @@ def chat(**kw) -> dict:
     return {"model": "m@prod", "messages": [{"role": "user", "content": "hi"}], **kw}
 
 
-def test_a_valid_chat_and_completion() -> None:
+def comp(**kw) -> dict:
+    return {"model": "m@1", "prompt": "a", **kw}
+
+
+def test_a_valid_chat_and_completion_with_vllms_fields() -> None:
     req = validate(
         ChatRequest,
         chat(
@@ -75,17 +82,37 @@ def test_a_valid_chat_and_completion() -> None:
             n=2,
             seed=1,
             logprobs=True,
-            top_logprobs=0,
+            top_logprobs=3,
             user="u",
+            stream=True,
             stream_options={"include_usage": True},
+            top_k=5,
+            min_p=0.1,
+            repetition_penalty=1.1,
+            presence_penalty=0.5,
+            frequency_penalty=-0.5,
+            logit_bias={"7": 3.0},
+            min_tokens=2,
+            ignore_eos=True,
+            stop_token_ids=[2],
+            include_stop_str_in_output=True,
+            skip_special_tokens=False,
+            bad_words=["no"],
+            allowed_token_ids=[1, 2, 3],
+            prompt_logprobs=0,
+            truncate_prompt_tokens=100,
+            response_format={"type": "json_object"},
+            tools=[{"type": "function", "function": {"name": "f"}}],
+            tool_choice="none",
         ),
         CONFIG,
     )
-    assert req.stops() == ["\n"] and req.limit(CONFIG) == 8 and req.logprobs
+    assert req.stops() == ["\n"] and req.max_output() == 8 and req.top_logprobs == 3
     req = validate(
         ChatRequest,
         chat(
             max_completion_tokens=5,
+            max_tokens=7,
             messages=[
                 {"role": "developer", "content": "be brief"},
                 {
@@ -96,57 +123,137 @@ def test_a_valid_chat_and_completion() -> None:
         ),
         CONFIG,
     )
-    assert req.limit(CONFIG) == 5 and req.messages[1].text() == "ab"
-    assert validate(ChatRequest, chat(), CONFIG).limit(CONFIG) == CONFIG.default_max_tokens
-    comp = validate(
-        CompletionRequest, {"model": "m@1", "prompt": ["a", "b"], "n": 2, "logprobs": 0}, CONFIG
-    )
-    assert comp.prompts() == ["a", "b"] and comp.limit(CONFIG) == 16
+    # vLLM: max_completion_tokens wins; text parts are joined by newlines
+    assert req.max_output() == 5 and req.messages[1].text() == "a\nb"
+    assert validate(ChatRequest, chat(), CONFIG).max_output() is None
+    comp_ = validate(CompletionRequest, comp(prompt=["a", "b"], n=2, logprobs=2, echo=True), CONFIG)
+    assert comp_.prompts() == ["a", "b"] and comp_.max_tokens == 16
+    assert validate(CompletionRequest, comp(prompt=[1, 2, 3]), CONFIG).prompts() == [[1, 2, 3]]
+    assert validate(CompletionRequest, comp(prompt=[[1], [2, 3]]), CONFIG).prompts() == [
+        [1],
+        [2, 3],
+    ]
+    assert validate(CompletionRequest, comp(max_tokens=None), CONFIG).max_tokens == 16
+
+
+def test_fields_neither_vllm_nor_mint_knows_are_ignored_and_named() -> None:
+    req = validate(ChatRequest, chat(frobnicate=1, best_of=3), CONFIG)
+    assert ignored_fields(req) == ["best_of", "frobnicate"]
 
 
 @pytest.mark.parametrize(
     ("body", "param", "fragment"),
     [
-        (chat(max_tokens=65), "max_tokens", "over this gateway's limit of 64"),
-        (chat(max_completion_tokens=65), "max_completion_tokens", "limit of 64"),
-        (chat(max_tokens=0), "max_tokens", "greater than or equal to 1"),
-        (chat(n=5), "n", "limit of 4"),
-        (chat(temperature=3), "temperature", "less than or equal to 2"),
-        (chat(top_p=0), "top_p", "greater than 0"),
-        (chat(stop=["a", "b", "c", "d", "e"]), "stop", "at most 4"),
+        # vllm serve's own request checks, with its messages
+        (chat(stream_options={"include_usage": True}), "stream_options", "only be defined"),
+        (chat(top_logprobs=2), "top_logprobs", "`logprobs` must be set to true"),
+        (chat(logprobs=True, top_logprobs=-2), "top_logprobs", "positive value or -1"),
+        (chat(prompt_logprobs=-3), "prompt_logprobs", "positive value or -1"),
+        (chat(prompt_logprobs=1, stream=True), "prompt_logprobs", "not available when"),
+        (chat(prompt_logprobs="x"), "prompt_logprobs", "must be an integer"),
+        (comp(logprobs=-2), "logprobs", "positive value or -1"),
+        (chat(tools=[]), "tools", "must not be an empty array"),
+        (chat(tool_choice="required"), "tool_choice", "`tools` must be set"),
+        (
+            chat(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="sometimes"),
+            "tool_choice",
+            "Invalid value for `tool_choice`",
+        ),
+        (
+            chat(
+                tools=[{"type": "function", "function": {"name": "f"}}],
+                tool_choice={"type": "function", "function": {"name": "g"}},
+            ),
+            "tool_choice",
+            "does not match any of the specified `tools`",
+        ),
+        (
+            chat(
+                tools=[{"type": "function", "function": {"name": "f"}}],
+                tool_choice={"type": "function", "function": {}},
+            ),
+            "tool_choice.function.name",
+            "Expected field `name`",
+        ),
+        (
+            chat(structured_outputs={"regex": "a", "choice": ["a"]}),
+            "structured_outputs",
+            "only use one kind",
+        ),
+        (
+            chat(
+                structured_outputs={"regex": "a"},
+                tools=[{"type": "function", "function": {"name": "f"}}],
+                tool_choice={"type": "function", "function": {"name": "f"}},
+            ),
+            None,
+            "either use constraints for structured outputs or tools",
+        ),
+        (chat(response_format={"type": "json_schema"}), "response_format", "must be provided"),
+        (chat(continue_final_message=True), None, "Cannot set both"),
+        (chat(cache_salt="a/b"), "cache_salt", "must not contain"),
+        (comp(prompt=""), "prompt", "Either prompt or prompt_embeds"),
+        (comp(suffix="z"), "suffix", "FIM completion rendering"),
+        (comp(suffix="z", echo=True), "suffix", "Echo is unsupported with suffix"),
+        (chat(chat_template="{{ x }}"), None, "--trust-request-chat-template"),
+        # types, as vLLM's pydantic models have them
         (chat(messages=[]), "messages", "at least 1 item"),
-        (chat(messages=[{"role": "user", "content": "x" * 101}]), "messages", "limit of 100"),
-        (chat(messages=[{"role": "user", "content": "a"}] * 4), "messages", "limit of 3"),
-        (chat(messages=[{"role": "system", "content": "a"}]), "messages", "user message"),
-        (chat(messages=[{"role": "tool", "content": "a"}]), "messages.0.role", "Input should be"),
+        (chat(seed=2**64), "seed", "less than or equal to"),
+        (chat(truncate_prompt_tokens=-2), "truncate_prompt_tokens", "greater than or equal"),
+        ({"messages": [{"role": "user", "content": "hi"}]}, "model", "Field required"),
+        (comp(prompt=[1, -2]), "prompt.1", "greater than or equal to 0"),
+        # text models only
         (
             chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
-            "messages.0.content.str",
-            "valid string",
+            "messages.0.content.0.type",
+            "text models",
         ),
-        (chat(top_logprobs=2), "top_logprobs", "sampled tokens' logprobs"),
-        (chat(tools=[{"type": "function"}]), "tools", "not supported"),
-        (chat(response_format={"type": "json_object"}), "response_format", "only {'type'"),
-        (chat(presence_penalty=0.5), "presence_penalty", "not supported"),
-        (chat(logit_bias={"1": 2.0}), "logit_bias", "not supported"),
-        (chat(frobnicate=1), "frobnicate", "Unrecognized request argument"),
-        ({"messages": [{"role": "user", "content": "hi"}]}, "model", "Field required"),
-        ({"model": "m@1", "prompt": "a", "logprobs": 2}, "logprobs", "logprobs=0"),
-        ({"model": "m@1", "prompt": "a", "echo": True}, "echo", "not supported"),
-        ({"model": "m@1", "prompt": "a", "best_of": 3}, "best_of", "not supported"),
-        ({"model": "m@1", "prompt": "a", "suffix": "z"}, "suffix", "not supported"),
-        ({"model": "m@1", "prompt": ""}, "prompt", "empty"),
-        ({"model": "m@1", "prompt": ["a"] * 5}, "n", "limit of 4"),
-        ({"model": "m@1", "prompt": "x" * 101}, "prompt", "limit of 100"),
-        ({"model": "m@1", "prompt": [1, 2, 3]}, "prompt.str", "valid string"),
+        # what vLLM honours and MinT's engines do not
+        (chat(use_beam_search=True), "use_beam_search", "beam search"),
+        (chat(priority=1), "priority", "priority"),
+        (chat(logprob_token_ids=[1], logprobs=True), "logprob_token_ids", "not supported"),
+        (comp(vllm_xargs={"a": 1}), "vllm_xargs", "not supported"),
+        # this gateway's bounds (MinT rules)
+        (chat(max_tokens=65), "max_tokens", "over this gateway's limit of 64"),
+        (chat(max_completion_tokens=65), "max_completion_tokens", "limit of 64"),
+        (chat(n=5), "n", "limit of 4"),
+        (chat(messages=[{"role": "user", "content": "x" * 101}]), "messages", "limit of 100"),
+        (chat(messages=[{"role": "user", "content": "a"}] * 4), "messages", "limit of 3"),
+        (comp(prompt=["a"] * 5), "n", "limit of 4"),
+        (comp(prompt="x" * 101), "prompt", "limit of 100"),
     ],
 )
-def test_bad_bodies_are_400_naming_the_field(body: dict, param: str, fragment: str) -> None:
+def test_bad_bodies_are_400_naming_the_field(body: dict, param: str | None, fragment: str) -> None:
     model = ChatRequest if "messages" in body else CompletionRequest
-    with pytest.raises(BadRequest, match=fragment) as e:
+    with pytest.raises(BadRequest, match=re.escape(fragment)) as e:
         validate(model, body, CONFIG)
     assert e.value.param == param and e.value.status == 400
     assert e.value.body()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # refused by vllm serve before 0.32's SamplingParams, answered by MinT's engines with
+        # vLLM's message: the gateway lets them through to the engine
+        chat(top_k=-5),
+        chat(min_p=2.0),
+        chat(presence_penalty=3.0),
+        chat(n=2, temperature=0),
+        chat(structured_outputs={"regex": "("}),
+        chat(logprobs=True, top_logprobs=50),
+        chat(allowed_token_ids=[]),
+        chat(logit_bias={"-1": 1.0}),
+        # vLLM takes these and so does MinT now
+        chat(messages=[{"role": "tool", "content": "a"}]),
+        chat(messages=[{"role": "system", "content": "a"}]),
+        comp(echo=True, logprobs=3),
+        comp(best_of=3),
+    ],
+)
+def test_what_vllm_takes_passes_the_gateways_checks(body: dict) -> None:
+    model = ChatRequest if "messages" in body else CompletionRequest
+    validate(model, body, CONFIG)
 
 
 @pytest.mark.parametrize("raw", [b"{", b"[1, 2]", b"\xff\xfe", b'"text"'])

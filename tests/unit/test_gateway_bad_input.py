@@ -97,6 +97,28 @@ FIELDS = st.sampled_from(
         "logprobs",
         "tool_choice",
         "user",
+        # vLLM's fields (issue 33): every one must be a 200 or a 4xx, never a 500
+        "tools",
+        "top_logprobs",
+        "prompt_logprobs",
+        "echo",
+        "response_format",
+        "structured_outputs",
+        "logit_bias",
+        "top_k",
+        "min_p",
+        "min_tokens",
+        "stop_token_ids",
+        "bad_words",
+        "allowed_token_ids",
+        "truncate_prompt_tokens",
+        "add_special_tokens",
+        "add_generation_prompt",
+        "continue_final_message",
+        "chat_template_kwargs",
+        "stream_options",
+        "return_token_ids",
+        "suffix",
     ]
 )
 

@@ -14,6 +14,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gateway import GatewayConfig, create_app
+from gateway.asks import Ask
+from gateway.bodies import ChatRequest, CompletionRequest
 from gateway.deltas import Answers, DeltaRouter
 from gateway.errors import EngineFailed
 from gateway.service import Gateway
@@ -74,8 +76,16 @@ def completed(*texts: str, rid: str = "gw.r.0", logprobs: bool = False) -> Infer
     )
 
 
-def writer(chat: bool = True, n: int = 1, prompts: int = 1) -> StreamChunks:
-    return StreamChunks(chat, "chatcmpl-x", 0, "math@prod", n, prompts, include_usage=True)
+def writer(chat: bool = True, n: int = 1, prompts: int = 1, logprobs: bool = False) -> StreamChunks:
+    if chat:
+        req: ChatRequest | CompletionRequest = ChatRequest(
+            model="math@prod", messages=[{"role": "user", "content": "hi"}], n=n, logprobs=logprobs
+        )
+    else:
+        req = CompletionRequest(
+            model="math@prod", prompt=["p"] * prompts, n=n, logprobs=0 if logprobs else None
+        )
+    return StreamChunks(Ask(req, []), "chatcmpl-x", 0, "math@prod", prompts, include_usage=True)
 
 
 def texts(chunks: list[dict], chat: bool = True) -> dict[int, str]:
@@ -107,6 +117,7 @@ def test_deltas_in_order_then_the_completion_send_each_character_once() -> None:
         "prompt_tokens": 4,
         "completion_tokens": 2,
         "total_tokens": 6,
+        "prompt_tokens_details": None,
     }
 
 
@@ -128,7 +139,7 @@ def test_a_completion_before_any_delta_sends_the_whole_text_once() -> None:
 
 
 def test_choices_and_prompts_are_indexed_as_openai_does_with_logprobs_before_the_finish() -> None:
-    w = writer(chat=False, n=2, prompts=2)
+    w = writer(chat=False, n=2, prompts=2, logprobs=True)
     out = w.delta(1, delta(1, 0, 0, "y", rid="gw.r.1")) + w.delta(0, delta(0, 0, 0, "a"))
     out += w.completed(1, completed("x", "yz", rid="gw.r.1", logprobs=True))
     out += w.completed(0, completed("ab", "cd"))

@@ -139,7 +139,7 @@ def test_keys_tenants_bodies_and_rates(served, world, gateway_a, gw_adapters) ->
     for kwargs, param in (
         ({"max_tokens": 65}, "max_tokens"),
         ({"n": 9}, "n"),
-        ({"top_logprobs": 3, "logprobs": True}, "top_logprobs"),
+        ({"top_logprobs": 3}, "top_logprobs"),  # vllm serve's: needs logprobs true
     ):
         with pytest.raises(openai.BadRequestError) as e:
             oa.chat.completions.create(model="chat@prod", messages=msg, **kwargs)
@@ -312,3 +312,90 @@ def test_streams_as_generated_n_choices_and_a_disconnect_cancels(served, gw_sett
         assert answer.stage == "expired" and answer.code == "cancelled"
     finally:
         server.stop()
+
+
+def test_vllm_settings_structured_outputs_logprobs_echo_and_tokenize(
+    served, gateway_a, gw_tokenizer, gw_model
+) -> None:
+    """Issue 33: vllm serve's request fields reach the engine and come back in its shapes: a
+    structured choice and regex, top logprobs with token strings, completions echo with the
+    prompt's logprobs, /tokenize and /detokenize with the base model's tokenizer, and a tool
+    choice this gateway has no parser for refused with vllm serve's 400."""
+    from gateway.tokenize import Tokenizers
+
+    _, key, _ = served
+    oa = openai_client(gateway_a.url, key)
+    before = gateway_a.gateway.tokenizers
+    gateway_a.gateway.tokenizers = Tokenizers(lambda _base: gw_model)
+    try:
+        chat = oa.chat.completions.create(
+            model="chat@prod",
+            messages=CHAT,
+            max_tokens=8,
+            temperature=0,
+            logprobs=True,
+            top_logprobs=2,
+            extra_body={"structured_outputs": {"choice": ["yes", "no"]}, "top_k": 5},
+        )
+        choice = chat.choices[0]
+        assert choice.message.content in ("yes", "no")
+        tokens = choice.logprobs.content
+        # the tokens' strings spell the answer (then the EOS token, which the text skips)
+        assert "".join(t.token for t in tokens).startswith(choice.message.content)
+        assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in tokens)
+        regex = oa.completions.create(
+            model="chat@prod",
+            prompt="the cat",
+            max_tokens=8,
+            temperature=0,
+            extra_body={"structured_outputs": {"regex": "[0-9]{3}"}},
+        )
+        assert regex.choices[0].text.isdigit() and len(regex.choices[0].text) == 3
+
+        echo = oa.completions.create(
+            model="chat@prod",
+            prompt="the cat sat",
+            max_tokens=3,
+            temperature=0,
+            echo=True,
+            logprobs=1,
+        )
+        c = echo.choices[0]
+        prompt_ids = gw_tokenizer("the cat sat").input_ids
+        assert c.text.startswith("the cat sat")
+        assert len(c.logprobs.tokens) == len(prompt_ids) + echo.usage.completion_tokens
+        assert c.logprobs.token_logprobs[0] is None and c.logprobs.top_logprobs[0] is None
+        assert all(len(top) <= 2 for top in c.logprobs.top_logprobs[1:])
+
+        auth = {"Authorization": f"Bearer {key}"}
+        t = httpx.post(
+            f"{gateway_a.url}/tokenize",
+            json={"model": "chat@prod", "prompt": "the cat sat"},
+            headers=auth,
+            timeout=30,
+        ).json()
+        assert t["tokens"] == prompt_ids and t["count"] == len(prompt_ids)
+        d = httpx.post(
+            f"{gateway_a.url}/detokenize",
+            json={"model": "chat@prod", "tokens": prompt_ids},
+            headers=auth,
+            timeout=30,
+        ).json()
+        assert d == {"prompt": gw_tokenizer.decode(prompt_ids)}
+        t = httpx.post(
+            f"{gateway_a.url}/tokenize",
+            json={"model": "chat@prod", "messages": CHAT},
+            headers=auth,
+            timeout=30,
+        ).json()
+        text = gw_tokenizer.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
+        assert t["tokens"] == gw_tokenizer(text, add_special_tokens=False).input_ids
+    finally:
+        gateway_a.gateway.tokenizers = before
+    with pytest.raises(openai.BadRequestError, match="requires --tool-call-parser"):
+        oa.chat.completions.create(
+            model="chat@prod",
+            messages=CHAT,
+            tools=[{"type": "function", "function": {"name": "add"}}],
+            tool_choice="required",
+        )
