@@ -23,8 +23,8 @@ pytestmark = pytest.mark.unit
 class _WordTokenizer:
     """A word is a token, plus a BOS; the chat template wraps each turn in two more words."""
 
-    def encode(self, text: str) -> list[int]:
-        return list(range(len(text.split()) + 1))
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(range(len(text.split()) + int(add_special_tokens)))
 
     def apply_chat_template(self, turns, tokenize=False, add_generation_prompt=True):
         return " ".join(f"<{t['role']}> {t['content']} </s>" for t in turns) + " <assistant>"
@@ -130,16 +130,22 @@ def test_chat_on_a_model_without_a_template_names_the_fix() -> None:
             GenRequest("x", max_tokens=100),
             2,
             "invalid_value",
-            r"max_tokens=100 .* context of 32 tokens .* at most 30",
+            r"max_tokens=100 cannot be greater than max_model_len=32\. .* at most 30",
         ),
         (GenRequest("x", max_tokens=4), 0, "invalid_value", "empty after tokenization"),
         (
             GenRequest("x", max_tokens=4),
             40,
             "context_length_exceeded",
-            r"maximum context length is 32 tokens, but the prompt has 40 tokens .* at most 28",
+            r"maximum context length is 32 tokens\. However, your prompt contains at least 33 "
+            r"input tokens.* \(The prompt has 40 tokens.* at most 28",
         ),
-        (GenRequest("x", max_tokens=4), 32, "context_length_exceeded", "no room for a completion"),
+        (
+            GenRequest("x", max_tokens=4),
+            32,
+            "context_length_exceeded",
+            r"max_tokens must be at least 1, got 0\. .*no room for a completion",
+        ),
     ],
 )
 def test_admission_refuses_what_vllm_cannot_run_with_the_numbers(
@@ -164,10 +170,11 @@ def test_the_engine_counts_the_chat_template_and_runs_the_ids_it_counted() -> No
     engine = _engine()
     plain = engine.admit(GenRequest("one two three", max_tokens=4))
     assert plain.prompt == [0, 1, 2, 3] and plain.max_tokens == 4
-    # 12 words of content are 12 + 3 (template) + 1 (BOS) = 16 tokens as a chat turn: 16 left
+    # 12 words of content are 12 + 3 (template) = 15 tokens as a chat turn (no BOS on top of the
+    # template's own, as vllm serve): 17 left
     chat = engine.admit(GenRequest(" ".join(["w"] * 12), max_tokens=20, chat=True))
-    assert len(chat.prompt) == 16 and chat.max_tokens == 16
-    with pytest.raises(RequestRefused, match="34 tokens") as refused:
+    assert len(chat.prompt) == 15 and chat.max_tokens == 17
+    with pytest.raises(RequestRefused, match="33 tokens") as refused:
         engine.admit(
             GenRequest("hi", chat=True, messages=({"role": "user", "content": "w " * 30},))
         )

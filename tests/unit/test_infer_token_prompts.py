@@ -154,7 +154,7 @@ def test_a_token_prompt_past_the_context_is_refused_without_chat_words() -> None
     with pytest.raises(RequestRefused) as refused:
         _engine().admit(GenRequest([1] * 32, max_tokens=4))
     assert refused.value.code == "context_length_exceeded"
-    assert "prompt has 32 tokens and leaves no room" in str(refused.value)
+    assert "prompt has 32 tokens, which leaves no room" in str(refused.value)
     assert "chat template" not in str(refused.value) and "messages" not in str(refused.value)
 
 

@@ -64,9 +64,11 @@ def admit(
         )
     if r.max_tokens > max_model_len:
         raise RequestRefused(
-            f"max_tokens={r.max_tokens} is larger than this model's context of {max_model_len} "
-            f"tokens (prompt and completion together); with this prompt of {prompt_tokens} "
-            f"tokens ask for at most {max(1, max_model_len - prompt_tokens)} completion tokens",
+            # vLLM serve's words first, then what to send instead
+            f"max_tokens={r.max_tokens} cannot be greater than max_model_len={max_model_len}. "
+            f"Please request fewer output tokens. (This model's context holds prompt and "
+            f"completion together; with this prompt of {prompt_tokens} tokens ask for at most "
+            f"{max(1, max_model_len - prompt_tokens)} completion tokens.)",
             code=INVALID_VALUE,
         )
     if prompt_tokens < 1:
@@ -78,15 +80,26 @@ def admit(
         _check_vocabulary(r.prompt, vocab_size)
     if prompt_tokens >= max_model_len:
         raise RequestRefused(
-            f"this model's maximum context length is {max_model_len} tokens, but the prompt has "
-            f"{prompt_tokens} tokens {'(after the chat template) ' if r.chat else ''}and leaves "
-            f"no room for a completion; shorten the prompt to at most "
+            _too_long(max_model_len, prompt_tokens) + f" (The prompt has {prompt_tokens} tokens"
+            f"{' after the chat template' if r.chat else ''}, which leaves no room for a "
+            f"completion; shorten the prompt to at most "
             f"{max_model_len - min(r.max_tokens, max_model_len - 1)} tokens for "
-            f"max_tokens={r.max_tokens}{', or send fewer messages' if r.messages else ''}",
+            f"max_tokens={r.max_tokens}{', or send fewer messages' if r.messages else ''}.)",
             code=CONTEXT_LENGTH_EXCEEDED,
         )
     room = max_model_len - prompt_tokens
     return replace(r, max_tokens=room) if r.max_tokens > room else r
+
+
+def _too_long(max_model_len: int, prompt_tokens: int) -> str:
+    """vLLM serve's (0.32) words for a prompt that leaves no room for one output token."""
+    if prompt_tokens == max_model_len:
+        return "max_tokens must be at least 1, got 0."
+    return (
+        f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
+        f"contains at least {max_model_len + 1} input tokens, which exceeds this limit even "
+        "without any output tokens. Please reduce the length of the input prompt."
+    )
 
 
 def _check_vocabulary(ids: list[int], vocab_size: int) -> None:

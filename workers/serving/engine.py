@@ -198,7 +198,9 @@ class VllmEngine:
                 text = self.render(r)
             except EngineError as e:
                 raise RequestRefused(str(e), code=INVALID_VALUE) from e
-            ids = list(self.tokenizer.encode(text))  # vLLM's default: special tokens added
+            # As vllm serve: a rendered chat template carries its own special tokens (a BOS
+            # added again would be a second one); a raw prompt gets the tokenizer's.
+            ids = list(self.tokenizer.encode(text, add_special_tokens=not r.chat))
             ids = truncate(ids, cut, self.config.max_model_len)
             admitted = admit(
                 replace(r, prompt=ids),
