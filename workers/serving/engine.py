@@ -243,16 +243,11 @@ class VllmEngine:
         return len(self._running)
 
     async def _run(self, r: GenRequest, request_id: str, on_delta: OnDelta | None) -> GenResult:
-        from vllm import TokensPrompt
 
         params = sampling_params(r)  # admitted already: refusals were answered at admission
         started = False
         try:
-            prompt = (
-                TokensPrompt(prompt_token_ids=r.prompt)
-                if isinstance(r.prompt, list)
-                else self.render(r)
-            )
+            prompt = self._prompt(r)
             lora = self._request(r.lora) if r.lora else None
             if r.n > 1:  # fill the prefix cache once, so that the n samples share the prefill
                 await self._warm(prompt, lora, f"{request_id}:warm")
@@ -299,7 +294,7 @@ class VllmEngine:
         await asyncio.gather(
             *(
                 self._warm(
-                    self.render(r),
+                    self._prompt(r),
                     self._request(r.lora) if r.lora else None,
                     f"warm-{uuid.uuid4()}",
                 )
@@ -309,6 +304,19 @@ class VllmEngine:
         return list(
             await asyncio.gather(*(self._run(r, f"batch-{uuid.uuid4()}", None) for r in requests))
         )
+
+    def _prompt(self, r: GenRequest):
+        """What vLLM runs: token ids as they are, a raw text prompt (vLLM tokenizes it, special
+        tokens added), or a chat conversation rendered and tokenized as vllm serve does (the
+        template carries its own special tokens: no second BOS)."""
+        from vllm import TokensPrompt
+
+        if isinstance(r.prompt, list):
+            return TokensPrompt(prompt_token_ids=r.prompt)
+        if r.chat:
+            ids = self.tokenizer.encode(self.render(r), add_special_tokens=False)
+            return TokensPrompt(prompt_token_ids=list(ids))
+        return r.prompt
 
     def render(self, r: GenRequest) -> str:
         """The text vLLM sees: the prompt itself, or the chat template over the conversation
