@@ -147,10 +147,19 @@ def _ms(v: float | None) -> float | None:
     return None if v is None else round(v * 1000, 1)
 
 
-def figures(results: list[Streamed], wall_s: float, load_1m: float | None = None) -> dict:
+@dataclass
+class Run:
+    """One timed load of a row on one side."""
+
+    results: list[Streamed]
+    wall_s: float
+    load_1m: list[float]  # the machine's 1-minute load before and after it
+    server_cpu_s: dict[str, float]  # CPU time of each server process (and children) during it
+
+
+def figures(results: list[Streamed], wall_s: float) -> dict:
     """One side's figures: output tokens/s (completion tokens / wall), TTFT p50/p99, the gap
-    between content chunks p50, and what shows every request was answered and streamed;
-    ``load_1m``: the machine's load when the run ended (others' work skews a shared machine)."""
+    between content chunks p50, and what shows every request was answered and streamed."""
     ok = [r for r in results if r.error is None and r.chunks > 0]
     tokens = sum(r.completion_tokens or 0 for r in ok)
     ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
@@ -171,12 +180,57 @@ def figures(results: list[Streamed], wall_s: float, load_1m: float | None = None
         "chunks_per_answer_min": min(chunks, default=0),
         "chunks_per_answer_median": statistics.median(chunks) if chunks else 0,
         "tokens_per_chunk": round(tokens / sum(chunks), 2) if chunks else None,
-        "load_1m": load_1m,
     }
 
 
-def same_text_share(a: list[Streamed], b: list[Streamed]) -> float:
+def pooled(runs: list[Run]) -> dict:
+    """A side's figures over every run of a row, taken as one long run (tokens over the summed
+    wall time, percentiles over all requests), with each run's tokens/s and TTFT p50 (their
+    spread), the machine's load around each, and the servers' CPU time per output token."""
+    f = figures([r for run in runs for r in run.results], sum(run.wall_s for run in runs))
+    cpu = {
+        name: round(sum(run.server_cpu_s[name] for run in runs), 1) for name in runs[0].server_cpu_s
+    }
+    each = [figures(run.results, run.wall_s) for run in runs]
+    return f | {
+        "runs": [{"output_tps": e["output_tps"], "ttft_ms_p50": e["ttft_ms_p50"]} for e in each],
+        "load_1m": [run.load_1m for run in runs],
+        "server_cpu_s": cpu,
+        "server_cpu_ms_per_token": (
+            round(sum(cpu.values()) * 1000 / f["completion_tokens"], 1)
+            if f["completion_tokens"]
+            else None
+        ),
+    }
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of the processes ``pids`` and all their descendants, so far."""
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            continue
+        for proc in procs:
+            try:
+                t = proc.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                pass
+    return total
+
+
+def same_text_share(a: list[Run], b: list[Run]) -> float:
     """Share of prompts both sides answered with the same text (greedy decoding of the same
     weights: a check that both served the same adapter, not a target)."""
-    pairs = [(x, y) for x, y in zip(a, b, strict=True) if x.error is None and y.error is None]
+    pairs = [
+        (x, y)
+        for ra, rb in zip(a, b, strict=True)
+        for x, y in zip(ra.results, rb.results, strict=True)
+        if x.error is None and y.error is None
+    ]
     return round(sum(x.text == y.text for x, y in pairs) / len(pairs), 3) if pairs else 0.0

@@ -12,12 +12,15 @@ Model SmolLM2-135M-Instruct; adapters rank 8 on q/k/v/o with random weights (sma
 answers stay sentences). Load: chat prompts from concurrent streaming clients (AsyncOpenAI,
 ``stream=True``, ``stream_options.include_usage``), temperature 0. Two rows: one adapter for
 every request, then ``--adapters`` adapters in rotation (request i uses adapter i % N). Each side
-is warmed first with one short request per adapter. Per side: output tokens/s (completion tokens
-/ wall), TTFT p50/p99, the gap between streamed chunks p50. Prints ONE JSON line; targets per
-row: MinT tokens/s ≥ 0.9 × vllm serve's, MinT TTFT p50 ≤ vllm serve's + 25 ms. Exit 1 if one
-is missed.
+is warmed first with one short request per adapter, then runs each row ``--repeats`` times (rows
+alternating). Per side, over its runs: output tokens/s (completion tokens / wall), TTFT p50/p99,
+the gap between streamed chunks p50, the servers' CPU time per token. ``--wait-quiet LOAD``
+holds each run until the machine's load is under LOAD (a shared machine). Prints ONE JSON line;
+targets per row: MinT tokens/s ≥ 0.9 × vllm serve's, MinT TTFT p50 ≤ vllm serve's + 25 ms. Exit
+1 if one is missed.
 
-    python benchmarks/serving_vs_vllm.py          # 64 prompts, 16 clients, 64 tokens, 32 adapters
+    python benchmarks/serving_vs_vllm.py          # 64 prompts, 16 clients, 64 tokens, 32 adapters,
+                                                  # 3 runs per row and side
     python benchmarks/serving_vs_vllm.py --smoke  # 8 prompts, 4 clients, 16 tokens, 4 adapters
 """
 
@@ -36,7 +39,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._openai_load import chat_prompts, figures, run_load, same_text_share  # noqa: E402
+from benchmarks._openai_load import (  # noqa: E402
+    Run,
+    chat_prompts,
+    cpu_seconds,
+    figures,
+    pooled,
+    run_load,
+    same_text_share,
+)
 from benchmarks.report import targets_and_met  # noqa: E402
 
 TARGET_TPS_RATIO = 0.9
@@ -106,10 +117,40 @@ def make_adapters(model: Path, out: Path, n: int) -> list[Path]:
     return dirs
 
 
-def run_rows(url: str, key: str, model_of, rows: dict[str, list[int]], args) -> dict:
-    """Warm every adapter once (short answers), then each row's load; per row the answers, the
-    wall time and the machine's load when it ended."""
+def listener_pid(address: str) -> int | None:
+    """The process listening on ``host:port`` (the first of a list), if this user may see it."""
+    import psutil
+
+    port = int(address.split(",")[0].rsplit(":", 1)[1])
+    try:
+        conns = psutil.net_connections("tcp")
+    except psutil.Error:
+        return None
+    return next((c.pid for c in conns if c.status == "LISTEN" and c.laddr.port == port), None)
+
+
+def wait_quiet(max_load: float | None, timeout_s: float = 1800.0) -> None:
+    """Wait until the 1-minute load average is under ``max_load`` (a shared machine: another
+    process's work in a row would skew its figures), at most ``timeout_s``."""
+    if max_load is None:
+        return
+    t0 = time.monotonic()
+    while os.getloadavg()[0] >= max_load and time.monotonic() - t0 < timeout_s:
+        time.sleep(5.0)
+    say(f"load {os.getloadavg()[0]:.2f} after waiting {time.monotonic() - t0:.0f} s")
+
+
+def run_rows(
+    url: str, key: str, model_of, rows: dict[str, list[int]], args, servers: dict[str, int]
+) -> dict:
+    """Warm every adapter once (short answers), then ``args.repeats`` timed runs of each row;
+    per row its runs (answers, wall time, the machine's load around it, the CPU time of each of
+    the ``servers`` processes and their children)."""
     n = max(max(r) for r in rows.values()) + 1
+    # One request alone first: MinT's gateway checks a key it has not seen yet with scrypt and
+    # holds a failed-check token per check in flight, so 16 first requests at once would get
+    # 429s (key_failures_burst 10) although the key is valid; later ones hit the verdict cache.
+    first, _ = run_load(url, key, [model_of(0)], chat_prompts(1), clients=1, max_tokens=4)
     warm, _ = run_load(
         url,
         key,
@@ -118,17 +159,23 @@ def run_rows(url: str, key: str, model_of, rows: dict[str, list[int]], args) -> 
         clients=args.clients,
         max_tokens=4,
     )
-    if bad := [w.error for w in warm if w.error]:
+    if bad := [w.error for w in first + warm if w.error]:
         raise RuntimeError(f"warm-up requests failed ({len(bad)} of {n}): {bad[:2]}")
-    out = {}
-    for name, adapter_of in rows.items():
-        prompts = chat_prompts(len(adapter_of))
-        models = [model_of(a) for a in adapter_of]
-        results, wall_s = run_load(
-            url, key, models, prompts, clients=args.clients, max_tokens=args.max_tokens
-        )
-        out[name] = (results, wall_s, round(os.getloadavg()[0], 2))
-        say(f"{name}: {figures(*out[name])}")
+    out: dict[str, list[Run]] = {name: [] for name in rows}
+    for _ in range(args.repeats):  # rows alternate, so a slow spell of the machine hits both
+        for name, adapter_of in rows.items():
+            prompts = chat_prompts(len(adapter_of))
+            models = [model_of(a) for a in adapter_of]
+            wait_quiet(args.wait_quiet)
+            load_before = round(os.getloadavg()[0], 2)
+            cpu_before = {n: cpu_seconds([pid]) for n, pid in servers.items()}
+            results, wall_s = run_load(
+                url, key, models, prompts, clients=args.clients, max_tokens=args.max_tokens
+            )
+            cpu = {n: round(cpu_seconds([pid]) - cpu_before[n], 1) for n, pid in servers.items()}
+            load = [load_before, round(os.getloadavg()[0], 2)]
+            out[name].append(Run(results, wall_s, load, cpu))
+            say(f"{name}: {figures(results, wall_s)} load {load} cpu {cpu}")
     return out
 
 
@@ -139,7 +186,8 @@ def vllm_side(model: Path, adapters: list[Path], rows, args, work: Path) -> tupl
     engine_args = [*flags(ENGINE), *VLLM_ONLY]
     with VllmServe(model, names, work / "vllm.log", engine_args=engine_args, env=ENV) as server:
         say(f"vllm serve ready in {server.wait_healthy():.0f} s")
-        results = run_rows(server.url, "none", lambda i: f"a{i:02d}", rows, args)
+        servers = {"vllm_serve": server.proc.pid}
+        results = run_rows(server.url, "none", lambda i: f"a{i:02d}", rows, args, servers)
         command = " ".join(["vllm serve", *server.command[4:]])  # the adapters' paths shortened
     return results, command
 
@@ -213,7 +261,12 @@ def mint_side(model: Path, adapters: list[Path], rows, args, work: Path) -> dict
                 raise RuntimeError(f"the engine got no partitions in 600 s; see {logs}")
             time.sleep(1.0)
         say(f"MinT engine ready in {time.monotonic() - t0:.0f} s")
-        results = run_rows(f"{url}/v1", key.text, lambda i: f"{TENANT}/p{i:02d}@prod", rows, args)
+        servers = {"engine": workers.procs["engine"].pid, "gateway": gateway.pid}
+        if broker := listener_pid(settings.kafka_bootstrap):  # shared: others' traffic too
+            servers["kafka_broker"] = broker
+        results = run_rows(
+            f"{url}/v1", key.text, lambda i: f"{TENANT}/p{i:02d}@prod", rows, args, servers
+        )
         workers.check()  # the engine served every row without exiting
         return results
     finally:
@@ -228,8 +281,8 @@ def mint_side(model: Path, adapters: list[Path], rows, args, work: Path) -> dict
                 say(f"cleanup {cleanup.__name__} failed: {e}")
 
 
-def compare(vllm: tuple, mint: tuple) -> dict:
-    v, m = figures(*vllm), figures(*mint)
+def compare(vllm: list[Run], mint: list[Run]) -> dict:
+    v, m = pooled(vllm), pooled(mint)
     tps_ratio = m["output_tps"] / v["output_tps"] if v["output_tps"] else 0.0
     ttft = None
     if m["ttft_ms_p50"] is not None and v["ttft_ms_p50"] is not None:
@@ -239,7 +292,7 @@ def compare(vllm: tuple, mint: tuple) -> dict:
         "mint": m,
         "tps_ratio": round(tps_ratio, 3),
         "ttft_p50_diff_ms": ttft,
-        "same_text_share": same_text_share(vllm[0], mint[0]),
+        "same_text_share": same_text_share(vllm, mint),
     }
 
 
@@ -250,11 +303,22 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=None, help="streaming clients (default 16)")
     ap.add_argument("--max-tokens", type=int, default=None, help="per answer (default 64)")
     ap.add_argument("--adapters", type=int, default=None, help="in rotation (default 32)")
+    ap.add_argument(
+        "--repeats", type=int, default=None, help="timed runs of each row per side (default 3)"
+    )
+    ap.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=None,
+        metavar="LOAD",
+        help="before each row, wait until the 1-minute load average is under LOAD",
+    )
     args = ap.parse_args()
     args.prompts = args.prompts or (8 if args.smoke else 64)
     args.clients = args.clients or (4 if args.smoke else 16)
     args.max_tokens = args.max_tokens or (16 if args.smoke else 64)
     args.adapters = args.adapters or (4 if args.smoke else 32)
+    args.repeats = args.repeats or (1 if args.smoke else 3)
 
     from schemas.logs import configure_logging
     from schemas.settings import MintSettings
@@ -291,6 +355,7 @@ def main() -> int:
                 "clients": args.clients,
                 "max_tokens": args.max_tokens,
                 "temperature": 0,
+                "repeats": args.repeats,
                 "client": "openai.AsyncOpenAI chat.completions stream=True include_usage",
             },
             "adapter": {"rank": RANK, "targets": TARGETS, "weights": "random (σ_A 0.04, σ_B 0.05)"},

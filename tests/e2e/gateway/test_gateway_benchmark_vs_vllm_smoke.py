@@ -40,6 +40,7 @@ def test_serving_vs_vllm_smoke(kafka_ready, cassandra_cluster) -> None:
         "clients": 4,
         "max_tokens": 16,
         "temperature": 0,
+        "repeats": 1,
         "client": "openai.AsyncOpenAI chat.completions stream=True include_usage",
     }
     assert r["rotation_adapters"] == 4
