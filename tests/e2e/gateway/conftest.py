@@ -308,9 +308,10 @@ class GatewayProcess:
 
 
 def chat_prompt_tokens(tokenizer, messages: list[dict]) -> int:
-    """How many tokens the chat template makes of ``messages`` (what the engine must count)."""
+    """How many tokens the chat template makes of ``messages`` (what the engine must count): the
+    template's own special tokens, none added on top (as vllm serve tokenizes a chat)."""
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return len(tokenizer(text).input_ids)
+    return len(tokenizer(text, add_special_tokens=False).input_ids)
 
 
 def dumps(obj) -> str:
