@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -314,6 +315,9 @@ def main() -> int:
         help="before each row, wait until the 1-minute load average is under LOAD",
     )
     args = ap.parse_args()
+    # SIGTERM (a supervisor ending the run) unwinds like Ctrl-C: the servers this run started
+    # stop, its keyspace and topics are dropped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.prompts = args.prompts or (8 if args.smoke else 64)
     args.clients = args.clients or (4 if args.smoke else 16)
     args.max_tokens = args.max_tokens or (16 if args.smoke else 64)
