@@ -151,7 +151,14 @@ def run_rows(
     # One request alone first: MinT's gateway checks a key it has not seen yet with scrypt and
     # holds a failed-check token per check in flight, so 16 first requests at once would get
     # 429s (key_failures_burst 10) although the key is valid; later ones hit the verdict cache.
-    first, _ = run_load(url, key, [model_of(0)], chat_prompts(1), clients=1, max_tokens=4)
+    # It is also asked again until answered (up to 5 min): on a loaded machine the engine may
+    # still be joining its group when the gateway is up (a 503 after the answer timeout).
+    deadline = time.monotonic() + 300
+    while True:
+        first, _ = run_load(url, key, [model_of(0)], chat_prompts(1), clients=1, max_tokens=4)
+        if not first[0].error or time.monotonic() > deadline:
+            break
+        time.sleep(2)
     warm, _ = run_load(
         url,
         key,

@@ -214,6 +214,8 @@ def test_an_engine_fills_its_alias_cache_from_policy_state_then_follows_moves(
         serve=list,
         sweep=list,
         stats={},
+        in_flight=0,
+        flights=SimpleNamespace(wait_idle=lambda timeout_s: True),
         on_alias_moved=lambda env: resolver.apply(env) and [],
     )
     worker = ServingWorker(settings, core)  # reads policy.state before it returns
