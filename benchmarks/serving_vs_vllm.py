@@ -14,8 +14,8 @@ answers stay sentences). Load: chat prompts from concurrent streaming clients (A
 every request, then ``--adapters`` adapters in rotation (request i uses adapter i % N). Each side
 is warmed first with one short request per adapter, then runs each row ``--repeats`` times (rows
 alternating). Per side, over its runs: output tokens/s (completion tokens / wall), TTFT p50/p99,
-the gap between streamed chunks p50, the servers' CPU time per token. ``--wait-quiet LOAD``
-holds each run until the machine's load is under LOAD (a shared machine). Prints ONE JSON line;
+the gap between streamed chunks p50, the servers' CPU time per token. ``--wait-quiet PCT``
+holds each run until the CPUs are under PCT % busy (a shared machine). Prints ONE JSON line;
 targets per row: MinT tokens/s ≥ 0.9 × vllm serve's, MinT TTFT p50 ≤ vllm serve's + 25 ms. Exit
 1 if one is missed.
 
@@ -130,15 +130,19 @@ def listener_pid(address: str) -> int | None:
     return next((c.pid for c in conns if c.status == "LISTEN" and c.laddr.port == port), None)
 
 
-def wait_quiet(max_load: float | None, timeout_s: float = 1800.0) -> None:
-    """Wait until the 1-minute load average is under ``max_load`` (a shared machine: another
-    process's work in a row would skew its figures), at most ``timeout_s``."""
-    if max_load is None:
+def wait_quiet(max_busy_pct: float | None, timeout_s: float = 1800.0) -> None:
+    """Wait until the machine's CPUs were less than ``max_busy_pct`` % busy over 5 s (a shared
+    machine: another process's work during a run would skew its figures), at most
+    ``timeout_s``."""
+    if max_busy_pct is None:
         return
+    import psutil
+
     t0 = time.monotonic()
-    while os.getloadavg()[0] >= max_load and time.monotonic() - t0 < timeout_s:
-        time.sleep(5.0)
-    say(f"load {os.getloadavg()[0]:.2f} after waiting {time.monotonic() - t0:.0f} s")
+    while (busy := psutil.cpu_percent(interval=5.0)) >= max_busy_pct:
+        if time.monotonic() - t0 > timeout_s:
+            break
+    say(f"CPUs {busy:.0f} % busy after waiting {time.monotonic() - t0:.0f} s")
 
 
 def run_rows(
@@ -289,6 +293,16 @@ def mint_side(model: Path, adapters: list[Path], rows, args, work: Path) -> dict
                 say(f"cleanup {cleanup.__name__} failed: {e}")
 
 
+def check_services(settings) -> None:
+    """Kafka and Cassandra answer (their errors say how to start them)."""
+    from catalog.cluster import connect
+    from streams.clients import make_admin
+
+    make_admin(settings).close()
+    cluster, _ = connect(settings)
+    cluster.shutdown()
+
+
 def compare(vllm: list[Run], mint: list[Run]) -> dict:
     v, m = pooled(vllm), pooled(mint)
     tps_ratio = m["output_tps"] / v["output_tps"] if v["output_tps"] else 0.0
@@ -318,8 +332,8 @@ def main() -> int:
         "--wait-quiet",
         type=float,
         default=None,
-        metavar="LOAD",
-        help="before each row, wait until the 1-minute load average is under LOAD",
+        metavar="PCT",
+        help="before each run, wait until the CPUs were under PCT %% busy over 5 s",
     )
     args = ap.parse_args()
     # SIGTERM (a supervisor ending the run) unwinds like Ctrl-C: the servers this run started
@@ -336,6 +350,7 @@ def main() -> int:
     from workers.models.pretrained import fetch
 
     configure_logging("WARNING", "console")
+    check_services(MintSettings())  # before the vllm serve side, not after it
     model = fetch(MODEL, MintSettings().models_dir)
     work = Path(tempfile.mkdtemp(prefix="mint-svv-"))
     rows = {
