@@ -24,7 +24,7 @@ from gateway.logprobs import (
     prompt_logprobs_body,
     sampled,
 )
-from gateway.tools import read_answer
+from gateway.tools import named, read_answer
 from schemas.envelope import Envelope
 from schemas.events import InferChoice, InferCompleted, InferFailed
 
@@ -172,10 +172,11 @@ def chat_logprobs(ask: Ask, c: InferChoice) -> dict[str, Any] | None:
     return {"content": chat_content(sampled(c), ask.top, token_text(ask))}
 
 
-def chat_message(ask: Ask, c: InferChoice) -> tuple[dict[str, Any], str]:
-    """(the message, its finish_reason) of a chat choice, tool calls read as vLLM reads them."""
+def chat_message(ask: Ask, c: InferChoice, streamed: bool = False) -> tuple[dict[str, Any], str]:
+    """(the message, its finish_reason) of a chat choice, tool calls read as vLLM reads them
+    (``streamed``: as its streaming path assembles them)."""
     assert isinstance(ask.req, ChatRequest)
-    answer = read_answer(ask.req, c.text, ask.tools)
+    answer = read_answer(ask.req, c.text, ask.tools, streamed)
     content = answer.content
     if ask.echo_prefix:
         content = ask.echo_prefix + (content or "")
@@ -190,9 +191,12 @@ def chat_message(ask: Ask, c: InferChoice) -> tuple[dict[str, Any], str]:
     }
     if answer.tool_calls:
         message["tool_calls"] = answer.tool_calls
-    # vLLM: "tool_calls" for auto calls made, and for required when the answer stopped
+    # vLLM: "tool_calls" for auto calls made, and for required when the answer stopped; a
+    # stream: for calls made under any choice but a named one, when the answer stopped
     choice = ask.req.tool_choice
-    if choice == "required":
+    if streamed:
+        called = bool(answer.tool_calls) and c.finish_reason == "stop" and not named(ask.req)
+    elif choice == "required":
         called = c.finish_reason == "stop"
     else:
         called = choice in ("auto", None) and bool(answer.tool_calls)

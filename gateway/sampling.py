@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from gateway.bodies import ChatRequest, CompletionRequest
 from gateway.errors import BadRequest
-from gateway.tools import ToolOptions, tool_schema
+from gateway.tools import ToolOptions, structural_tag
 from schemas.events.inference import MAX_PROMPT_CHARS
 from schemas.events.sampling import SamplingOptions, StructuredOutput
 
@@ -123,7 +123,8 @@ def options(req: ChatRequest | CompletionRequest, tools: ToolOptions) -> Samplin
         "bad_words": _words(req.bad_words),
         "allowed_token_ids": _ids("allowed_token_ids", req.allowed_token_ids, allow_empty=True),
         "truncate_prompt_tokens": req.truncate_prompt_tokens,
-        "structured": structured(req),
+        "structured": structured(req, tools),
+        "return_prompt_token_ids": req.return_token_ids or None,
     }
     if chat:
         assert isinstance(req, ChatRequest)
@@ -210,21 +211,24 @@ def _words(words: list[str]) -> list[str] | None:
     return words
 
 
-def structured(req: ChatRequest | CompletionRequest) -> StructuredOutput | None:
+def structured(req: ChatRequest | CompletionRequest, tools: ToolOptions) -> StructuredOutput | None:
     """vLLM's ``structured_outputs_from_response_format``: ``structured_outputs`` with
-    ``response_format`` on top; a named or required tool choice replaces both with its schema
-    (vLLM's tool parser ``adjust_request``)."""
-    if isinstance(req, ChatRequest):
-        schema = tool_schema(req)
-        if schema is not None:
-            return StructuredOutput(json_schema=schema)
+    ``response_format`` on top; the tool parser's structural tag replaces both where it puts one
+    (vLLM's ``Parser.adjust_request``)."""
     so, rf = req.structured_outputs, req.response_format
+    if isinstance(req, ChatRequest) and tools.parser is not None:
+        given = so is not None or (rf is not None and rf.type != "text")
+        tag = structural_tag(req, has_structured_output=given)
+        if tag is not None:
+            try:
+                return StructuredOutput(structural_tag=tag)
+            except ValidationError as e:  # the tools' schemas together, over the record's bound
+                raise _mint_rule("tools", e.errors()[0]["msg"]) from e
     if so is None and (rf is None or rf.type == "text"):
         return None
     fields: dict[str, Any] = {}
     if so is not None:
         for flag, default in (
-            ("disable_any_whitespace", False),
             ("disable_additional_properties", False),
             ("whitespace_pattern", None),
         ):
@@ -248,16 +252,8 @@ def structured(req: ChatRequest | CompletionRequest) -> StructuredOutput | None:
             fields["json_object"] = True
         elif rf.type == "json_schema":
             fields["json"] = rf.json_schema.json_schema if rf.json_schema else None
-        else:
-            fields["structural_tag"] = "response_format"
-    if fields.get("structural_tag") is not None:
-        raise BadRequest(
-            "structural tags (response_format type structural_tag, structured_outputs."
-            "structural_tag) are not supported by MinT; use a JSON schema, regex, choice or "
-            "grammar",
-            param="response_format" if rf is not None else "structured_outputs",
-            code="unsupported_parameter",
-        )
+        else:  # vLLM sends the tag's JSON (its fields beside "type"); the engine checks it
+            fields["structural_tag"] = json.dumps({"type": rf.type, **(rf.model_extra or {})})
     kinds = [k for k, v in fields.items() if v is not None]
     if len(kinds) != 1:
         raise BadRequest(
@@ -269,17 +265,19 @@ def structured(req: ChatRequest | CompletionRequest) -> StructuredOutput | None:
         )
     kind = kinds[0]
     value = fields[kind]
+    compact = so is not None and so.disable_any_whitespace
     if kind == "json":
-        return _schema(value, "response_format" if rf is not None else "structured_outputs")
+        param = "response_format" if rf is not None else "structured_outputs"
+        return _schema(value, param, compact)
     try:
         if kind == "json_object":
-            return StructuredOutput(json_object=True)
-        return StructuredOutput(**{kind: value})
+            return StructuredOutput(json_object=True, disable_any_whitespace=compact)
+        return StructuredOutput(**{kind: value}, disable_any_whitespace=compact)
     except ValidationError as e:
         raise _mint_rule(f"structured_outputs.{kind}", e.errors()[0]["msg"]) from e
 
 
-def _schema(value: str | dict[str, Any], param: str) -> StructuredOutput:
+def _schema(value: str | dict[str, Any], param: str, compact: bool) -> StructuredOutput:
     if isinstance(value, str):
         try:
             value = json.loads(value)
@@ -292,7 +290,7 @@ def _schema(value: str | dict[str, Any], param: str) -> StructuredOutput:
             f"{param}: a JSON schema must be a JSON object, not {type(value).__name__}", param=param
         )
     try:
-        return StructuredOutput(json_schema=value)
+        return StructuredOutput(json_schema=value, disable_any_whitespace=compact)
     except ValidationError as e:
         raise _mint_rule(param, e.errors()[0]["msg"]) from e
 

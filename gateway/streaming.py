@@ -21,9 +21,9 @@ the deltas had sent all the text): a client that joins the chunks' ``logprobs.co
 gets every token once, in order. ``system_fingerprint`` (the adapter digest) is known from the
 completion on: earlier chunks carry ``null``, as vLLM's do.
 
-Tool calls (the tool parser on): under a named tool choice the deltas are the call's arguments
-(``tool_calls`` deltas, the first with id, type and name); under ``required`` and ``auto`` the
-text is held back and the message comes whole with the completion. Echo: completions send the
+Tool calls (the tool parser on, any tool choice but ``none``): the calls are read from the whole
+answer (the hermes envelope), so the text is held back and the message (content and tool calls)
+comes whole with the completion; vllm serve streams a call's arguments as they come. Echo: completions send the
 prompt first, chat the last message after the role chunk.
 """
 
@@ -52,7 +52,6 @@ from gateway.responses import (
     finish,
     usage,
 )
-from gateway.tools import make_tool_call_id, named
 from schemas.envelope import Envelope
 from schemas.events import InferCompleted, InferDelta, InferFailed
 
@@ -85,15 +84,12 @@ class StreamChunks:
         self.choices = [_Choice() for _ in range(self.n * self.prompts)]
         req = self.ask.req
         parser_on = self.ask.tools.parser is not None and isinstance(req, ChatRequest)
-        # named tool choice: the arguments stream as tool-call deltas (vLLM's
-        # extract_named_tool_call_streaming); required and auto: the calls are read from the
-        # whole answer, so their text is held back until the completion
-        self.tool_name = named(req) if parser_on and isinstance(req, ChatRequest) else None
+        # the calls are read from the whole answer, so its text is held back until the end
         self.hold = (
             parser_on
             and isinstance(req, ChatRequest)
             and bool(req.tools)
-            and req.tool_choice in ("auto", "required", None)
+            and req.tool_choice != "none"
         )
 
     def _chunk(self, index: int, body: dict[str, Any], reason: str | None) -> dict[str, Any]:
@@ -106,22 +102,8 @@ class StreamChunks:
             "choices": [{"index": index, **body, "finish_reason": reason}],
         }
 
-    def _delta(self, index: int, text: str) -> dict[str, Any]:
-        """A chat delta of ``text`` (a tool call's arguments under a named tool choice)."""
-        if self.tool_name is None:
-            return {"content": text}
-        call: dict[str, Any] = {"index": 0, "function": {"arguments": text}}
-        if not self.choices[index].sent:
-            call = {
-                "id": make_tool_call_id(),
-                "type": "function",
-                "index": 0,
-                "function": {"name": self.tool_name, "arguments": text},
-            }
-        return {"tool_calls": [call]}
-
     def _text(self, index: int, text: str, logprobs: dict[str, Any] | None) -> dict[str, Any]:
-        body = {"delta": self._delta(index, text)} if self.chat else {"text": text}
+        body = {"delta": {"content": text}} if self.chat else {"text": text}
         return self._chunk(index, {**body, "logprobs": logprobs}, None)
 
     def opening(self) -> list[dict[str, Any]]:
@@ -177,7 +159,7 @@ class StreamChunks:
                 )
             if self.chat:
                 logprobs = chat_logprobs(self.ask, c)
-                message, reason = chat_message(self.ask, c)
+                message, reason = chat_message(self.ask, c, streamed=self.hold)
             else:
                 logprobs = completion_choice_logprobs(self.ask, k, p, c)
                 reason = finish(c)
@@ -187,6 +169,10 @@ class StreamChunks:
                     for key in ("content", "tool_calls")
                     if message.get(key) not in (None, "", [])
                 }
+                if "tool_calls" in delta:  # a streamed call names its place in the list
+                    delta["tool_calls"] = [
+                        {"index": i, **call} for i, call in enumerate(delta["tool_calls"])
+                    ]
                 out.append(self._chunk(index, {"delta": delta, "logprobs": logprobs}, None))
             else:
                 rest = "" if self.ask.echo_only else c.text[choice.chars :]

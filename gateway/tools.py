@@ -5,12 +5,12 @@
 - Without ``--enable-auto-tool-choice --tool-call-parser NAME`` (both: vLLM builds a tool
   parser only with both), only ``tool_choice: "none"`` is answered; ``auto`` (also the default
   when ``tools`` are given), ``required`` and a named function are 400s with vLLM's messages.
-- With them, a named function constrains the answer to the function's ``parameters`` schema (a
-  structured output) and answers it as one tool call whose ``arguments`` is the text;
-  ``required`` constrains it to a JSON array of ``{"name", "parameters"}`` (one ``anyOf`` per
-  tool, ``maxItems: 1`` when ``parallel_tool_calls`` is false) and answers each item as a call
-  (``finish_reason`` ``tool_calls``); ``auto`` lets the model answer freely and the parser finds
-  the calls in the text (``hermes``: ``<tool_call>{"name", "arguments"}</tool_call>``).
+- With them, ``required`` and a named function constrain the answer with the hermes parser's
+  structural tag (``<tool_call>{"name": ..., "arguments": ...}</tool_call>``, one or more calls,
+  or one call of the named tool; the arguments follow the tool's schema when it is ``strict``),
+  ``auto`` lets the model answer freely (constrained once it opens a call, when a tool is strict
+  or ``parallel_tool_calls`` is false), and the parser finds the calls in the text under every
+  choice (``VLLM_ENFORCE_STRICT_TOOL_CALLING``, on by default in vLLM 0.32).
 
 MinT implements the ``hermes`` parser; vLLM's other parsers are model-specific formats.
 """
@@ -29,6 +29,7 @@ from gateway.errors import BadRequest
 PARSERS = ("hermes",)
 HERMES_CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
 HERMES_START = "<tool_call>"
+HERMES_END = "</tool_call>"
 
 
 @dataclass(frozen=True)
@@ -78,65 +79,80 @@ def named(req: ChatRequest) -> str | None:
     return req.tool_choice.function.name if isinstance(req.tool_choice, NamedToolChoice) else None
 
 
-def tool_schema(req: ChatRequest) -> dict[str, Any] | None:
-    """The JSON schema a tool choice constrains the answer to (vLLM's
-    ``get_json_schema_from_tools``): None for ``none`` and ``auto``."""
-    if req.tools is None or req.tool_choice in (None, "none", "auto"):
+def structural_tag(req: ChatRequest, has_structured_output: bool) -> str | None:
+    """The xgrammar structural tag vllm serve 0.32 puts on a request with tools (its
+    ``Parser._apply_structural_tag`` with the hermes parser, ``VLLM_ENFORCE_STRICT_TOOL_CALLING``
+    on, as by default, and ``--tool-strict-level auto``), as the JSON text vLLM hands to
+    ``StructuredOutputsParams(structural_tag=...)``; None where vLLM puts none.
+
+    A call is ``<tool_call>{"name": "NAME", "arguments": ARGS}</tool_call>`` (with or without
+    newlines inside the tags); ARGS follow the tool's ``parameters`` only when the tool is
+    ``strict``, else any JSON. ``required`` asks for one or more calls, a named choice for one
+    call of that tool, ``auto`` constrains a call once the model opens one (and only when a tool
+    is strict or ``parallel_tool_calls`` is false). Kept equal to vLLM's by a unit test."""
+    if not req.tools:
         return None
+    choice = req.tool_choice
     name = named(req)
-    if name is not None:
-        tool = next(t for t in req.tools if t.function.name == name)
-        return _params_or_empty_object(tool.function.parameters)
-    schema: dict[str, Any] = {
-        "type": "array",
-        "minItems": 1,
-        "items": {"type": "object", "anyOf": [_tool_item(t) for t in req.tools]},
-    }
-    if req.parallel_tool_calls is False:
-        schema["maxItems"] = 1
-    defs = _defs(req.tools)
-    if defs:
-        schema["$defs"] = defs
-    return schema
+    if choice not in ("auto", "required") and name is None:
+        return None
+    is_auto = choice == "auto"
+    single = req.parallel_tool_calls is False
+    # vLLM raises the floor to FUNCTION for one call, except auto with a structured output
+    function_floor = single and not (is_auto and has_structured_output)
+    tools = [t for t in req.tools if name is None or t.function.name == name]
+    if is_auto and not function_floor and not any(t.function.strict is True for t in tools):
+        return None
+    if is_auto and has_structured_output:
+        # vLLM ORs the tool tag with the structured output's format; MinT does not build that
+        # union: the structured output applies alone (README: "tools").
+        return None
+    tags = [
+        {
+            "type": "tag",
+            "begin": f'{begin}{{"name": "{t.function.name}", "arguments": ',
+            "content": {
+                "type": "json_schema",
+                "json_schema": _arguments_schema(t),
+                "style": "json",
+                "any_order": False,
+                "max_whitespace_cnt": None,
+                "excludes": [],
+            },
+            "end": end,
+        }
+        for t in tools
+        for begin, end in (
+            (f"{HERMES_START}\n", "}\n</tool_call>"),
+            (HERMES_START, "}</tool_call>"),
+        )
+    ]
+    fmt: dict[str, Any]
+    if is_auto:
+        fmt = {
+            "type": "triggered_tags",
+            "triggers": [HERMES_START],
+            "tags": tags,
+            "at_least_one": False,
+            "stop_after_first": single,
+            "excludes": [],
+        }
+    else:
+        fmt = {
+            "type": "tags_with_separator",
+            "tags": tags,
+            "separator": "",
+            "at_least_one": True,
+            "stop_after_first": name is not None or single,
+        }
+    return json.dumps({"type": "structural_tag", "format": fmt})
 
 
-def _params_or_empty_object(params: dict[str, Any] | None) -> dict[str, Any]:
-    return params if params else {"type": "object", "properties": {}}
-
-
-def _tool_item(tool: Tool) -> dict[str, Any]:
-    # vLLM builds the item before it moves $defs to the top (from the same dict)
-    given = tool.function.parameters
-    params = {k: v for k, v in given.items() if k != "$defs"} if given else None
-    return {
-        "properties": {
-            "name": {"type": "string", "enum": [tool.function.name]},
-            "parameters": params if params is not None else _params_or_empty_object(None),
-        },
-        "required": ["name", "parameters"],
-    }
-
-
-def _defs(tools: list[Tool]) -> dict[str, Any]:
-    """Every tool's ``$defs`` hoisted to the top of the schema (vLLM refuses a name defined
-    twice differently)."""
-    out: dict[str, Any] = {}
-    for tool in tools:
-        defs = (tool.function.parameters or {}).get("$defs", {})
-        if not isinstance(defs, dict):
-            raise BadRequest(
-                f"`$defs` in the parameters of tool '{tool.function.name}' must be an object, "
-                f"got {type(defs).__name__}.",
-                param="tools",
-            )
-        for name, schema in defs.items():
-            if name in out and out[name] != schema:
-                raise BadRequest(
-                    f"Tool definition '{name}' has multiple schemas, which is not supported.",
-                    param="tools",
-                )
-            out[name] = schema
-    return out
+def _arguments_schema(tool: Tool) -> dict[str, Any] | bool:
+    """A strict tool's ``parameters`` (any JSON when it has none); any JSON otherwise."""
+    if tool.function.strict is not True:
+        return True
+    return tool.function.parameters if tool.function.parameters is not None else True
 
 
 @dataclass(frozen=True)
@@ -147,32 +163,23 @@ class ToolAnswer:
     tool_calls: list[dict[str, Any]]
 
 
-def read_answer(req: ChatRequest, text: str, options: ToolOptions) -> ToolAnswer:
-    """The message of a choice: plain content, or tool calls (vLLM's parse)."""
+def read_answer(
+    req: ChatRequest, text: str, options: ToolOptions, streamed: bool = False
+) -> ToolAnswer:
+    """The message of a choice: plain content, or tool calls. vLLM's hermes parser reads every
+    tool choice (named and required as auto, the parser having a structural tag); a named or
+    required choice's content is text, never null (vLLM's ``content or ""``). ``streamed``: as
+    vLLM's streaming parser assembles it (a call counts once its name is out)."""
     if options.parser is None or not req.tools or req.tool_choice in (None, "none"):
         return ToolAnswer(text, [])
-    name = named(req)
-    if name is not None:
-        if not text.strip():
-            return ToolAnswer("", [])
-        return ToolAnswer("", [call(name, text)])
-    if req.tool_choice == "required":
-        calls = []
-        try:
-            items = json.loads(text or "")
-        except ValueError:
-            items = None
-        if isinstance(items, list) and all(_is_definition(i) for i in items):
-            calls = [
-                call(i["name"], json.dumps(i.get("parameters"), ensure_ascii=False)) for i in items
-            ]
-        return ToolAnswer("", _first_if_single(req, calls))
+    if streamed:
+        return ToolAnswer(*hermes_streamed(text))
     content, calls = hermes(text)
+    if content is not None and not content.strip() and (calls or req.tool_choice != "auto"):
+        content = None
+    if req.tool_choice != "auto":
+        content = content or ""
     return ToolAnswer(content, _first_if_single(req, calls))
-
-
-def _is_definition(item: object) -> bool:
-    return isinstance(item, dict) and isinstance(item.get("name"), str)
 
 
 def _first_if_single(req: ChatRequest, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -200,6 +207,52 @@ def hermes(text: str) -> tuple[str | None, list[dict[str, Any]]]:
         return text, []
     content = text[: text.find(HERMES_START)]
     return (content or None), calls
+
+
+def hermes_streamed(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content, calls) as vLLM's hermes parser streams them (``extract_tool_calls_streaming``):
+    content is the text before the first ``<tool_call>`` (a suffix that may open one held
+    back); every ``<tool_call>`` region whose ``"name"`` is out is a call, its arguments the raw
+    text after ``"arguments":`` (the closing ``}`` of a complete call dropped), even when
+    max_tokens cut the call short."""
+    start = text.find(HERMES_START)
+    cut = start if start != -1 else len(text) - _overlap(text, HERMES_START)
+    calls = []
+    pos = start
+    while pos != -1:
+        body_at = pos + len(HERMES_START)
+        end = text.find(HERMES_END, body_at)
+        raw = text[body_at:end] if end != -1 else text[body_at:]
+        if end == -1:
+            raw = raw[: len(raw) - _overlap(raw, HERMES_END)]
+        body = raw.strip()
+        complete = end != -1 or _is_json(body)
+        name = re.search(r'"name"\s*:\s*"([^"]+)"', body)
+        if name is None:
+            break
+        args = re.search(r'"arguments"\s*:\s*', body)
+        arguments = body[args.end() :] if args else ""
+        if complete and args:
+            arguments = arguments.rstrip()
+            arguments = arguments[:-1].rstrip() if arguments.endswith("}") else arguments
+        calls.append(call(name.group(1), arguments))
+        pos = text.find(HERMES_START, end + len(HERMES_END)) if end != -1 else -1
+    return (text[:cut] or None), calls
+
+
+def _overlap(text: str, tag: str) -> int:
+    """The longest prefix of ``tag`` that ``text`` ends with (vLLM's partial_tag_overlap)."""
+    return next(
+        (k for k in range(min(len(tag) - 1, len(text)), 0, -1) if text.endswith(tag[:k])), 0
+    )
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def tool_dicts(tools: list[Tool] | None) -> list[dict[str, Any]] | None:

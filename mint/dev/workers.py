@@ -210,6 +210,18 @@ class Workers:
         for name in list(self.procs):
             self.stop(name)
 
+    def report(self, tail_chars: int = 3000) -> str:
+        """Each worker's state (running, or its exit code) and the end of its log: what a failed
+        run prints, so that a wait that timed out says which worker did not answer and why."""
+        parts = []
+        for log in sorted(self.log_dir.glob("*.log")):
+            p = self.procs.get(log.stem)
+            state = "stopped" if p is None else p.poll()
+            state = "running" if state is None else state
+            text = log.read_text(errors="replace")[-tail_chars:]
+            parts.append(f"===== {log.stem} ({state}) =====\n{text}")
+        return "\n".join(parts)
+
 
 def tiny_model(settings: MintSettings) -> Path:
     """The tiny random-weight Llama (built once under ``models_dir``)."""

@@ -49,6 +49,7 @@ class SamplingFields(TypedDict, total=False):
     top_logprobs: int
     prompt_logprobs: int
     truncate_prompt_tokens: int
+    return_prompt_token_ids: bool
     json_schema: dict[str, Any] | str | type[BaseModel]
     json_object: bool
     regex: str

@@ -38,6 +38,13 @@ class StructuredOutput(BaseModel):
     grammar: str | None = Field(
         None, min_length=1, max_length=MAX_SCHEMA_BYTES, description="an EBNF grammar (vLLM's)"
     )
+    structural_tag: str | None = Field(
+        None,
+        min_length=2,
+        max_length=MAX_SCHEMA_BYTES,
+        description="an xgrammar structural tag as JSON text (vLLM's); the gateway builds one "
+        "for a tool choice as vllm serve does",
+    )
     # A modifier, not a kind: JSON without whitespace between tokens (vLLM's option; a small or
     # undertrained model otherwise may spend its tokens on whitespace JSON allows).
     disable_any_whitespace: bool = Field(False, description="JSON without optional whitespace")
@@ -52,12 +59,14 @@ class StructuredOutput(BaseModel):
                 ("regex", self.regex is not None),
                 ("choice", self.choice is not None),
                 ("grammar", self.grammar is not None),
+                ("structural_tag", self.structural_tag is not None),
             )
             if on
         ]
         if len(kinds) != 1:
             raise ValueError(
-                f"set exactly one of json_schema, json_object, regex, choice, grammar (got "
+                "set exactly one of json_schema, json_object, regex, choice, grammar, "
+                f"structural_tag (got "
                 f"{', '.join(kinds) or 'none'})"
             )
         if self.json_schema is not None:
@@ -99,6 +108,9 @@ class SamplingOptions(BaseModel):
     prompt_logprobs: int | None = Field(None, ge=-(2**31), lt=2**31)
     truncate_prompt_tokens: int | None = Field(None, ge=-(2**31), lt=2**31)
     structured: StructuredOutput | None = None
+    return_prompt_token_ids: bool | None = Field(
+        None, description="the answer carries the prompt's token ids (vLLM's return_token_ids)"
+    )
 
 
 class TopLogprob(BaseModel):

@@ -19,6 +19,7 @@ from gateway.tools import ToolOptions
 from schemas.events.sampling import SamplingOptions, StructuredOutput
 
 CONFIG = GatewayConfig()
+TAG = '{"type": "structural_tag", "format": {"type": "const_string", "value": "Paris"}}'
 PARSER = ToolOptions("hermes", True)
 WEATHER = {
     "type": "function",
@@ -144,6 +145,19 @@ def test_logprobs_k_and_echo_ask_for_token_strings_and_prompt_logprobs() -> None
             StructuredOutput(json_schema={"type": "integer"}),
         ),
         ({"response_format": {"type": "text"}}, None),
+        # a structural tag travels as vLLM hands it over: JSON text (the engine checks it)
+        (
+            {"structured_outputs": {"structural_tag": TAG}},
+            StructuredOutput(structural_tag=TAG),
+        ),
+        (
+            {"response_format": json.loads(TAG)},
+            StructuredOutput(structural_tag=json.dumps(json.loads(TAG))),
+        ),
+        (
+            {"structured_outputs": {"json_object": True, "disable_any_whitespace": True}},
+            StructuredOutput(json_object=True, disable_any_whitespace=True),
+        ),
     ],
 )
 def test_structured_outputs_from_the_request(kw: dict, expected) -> None:
@@ -163,10 +177,9 @@ def test_structured_outputs_from_the_request(kw: dict, expected) -> None:
         ),
         ({"structured_outputs": {"json": "{not json"}}, "structured_outputs", "not valid JSON"),
         ({"structured_outputs": {"json": "[1]"}}, "structured_outputs", "JSON object"),
-        ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs", "structural tags"),
         (
-            {"structured_outputs": {"regex": "a", "disable_any_whitespace": True}},
-            "structured_outputs.disable_any_whitespace",
+            {"structured_outputs": {"regex": "a", "disable_additional_properties": True}},
+            "structured_outputs.disable_additional_properties",
             "not supported by MinT",
         ),
         ({"structured_outputs": {"regex": "a" * 5000}}, "structured_outputs.regex", "MinT limit"),
@@ -211,55 +224,80 @@ def test_values_the_contract_cannot_carry_are_400s(kw: dict, param: str, message
     assert e.value.param == param and e.value.status == 400
 
 
-def test_a_named_tool_choice_constrains_to_the_tools_parameters() -> None:
-    req = chat(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "weather"}})
-    got = options(req, PARSER)
-    assert got.structured == StructuredOutput(json_schema=WEATHER["function"]["parameters"])
-    assert got.skip_special_tokens is False  # vLLM's hermes parser reads special tokens
-
-
-def test_required_constrains_to_an_array_of_calls_as_vllm_builds_it() -> None:
-    plain = {"type": "function", "function": {"name": "now"}}
-    defs = {
-        "type": "function",
-        "function": {
-            "name": "at",
-            "parameters": {
-                "type": "object",
-                "properties": {"p": {"$ref": "#/$defs/P"}},
-                "$defs": {"P": {"type": "string"}},
-            },
-        },
-    }
-    req = chat(tools=[plain, defs], tool_choice="required", parallel_tool_calls=False)
-    assert options(req, PARSER).structured.json_schema == {
-        "type": "array",
-        "minItems": 1,
-        "items": {
+STRICT = {
+    "type": "function",
+    "function": {
+        "name": "at",
+        "strict": True,
+        "parameters": {
             "type": "object",
-            "anyOf": [
-                {
-                    "properties": {
-                        "name": {"type": "string", "enum": ["now"]},
-                        "parameters": {"type": "object", "properties": {}},
-                    },
-                    "required": ["name", "parameters"],
-                },
-                {
-                    "properties": {
-                        "name": {"type": "string", "enum": ["at"]},
-                        "parameters": {
-                            "type": "object",
-                            "properties": {"p": {"$ref": "#/$defs/P"}},
-                        },
-                    },
-                    "required": ["name", "parameters"],
-                },
-            ],
+            "properties": {"p": {"$ref": "#/$defs/P"}},
+            "$defs": {"P": {"type": "string"}},
         },
-        "maxItems": 1,
-        "$defs": {"P": {"type": "string"}},
-    }
+    },
+}
+NOW = {"type": "function", "function": {"name": "now"}}
+NAMED = {"type": "function", "function": {"name": "at"}}
+
+
+def _vllm_serve_tag(body: dict) -> str | None:
+    """The structural tag vllm serve 0.32 puts on the request (its own parser, hermes)."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.parser.abstract_parser import DelegatingParser
+    from vllm.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
+
+    class Tokenizer:  # the hermes parser only asks the vocabulary, for streaming
+        def get_vocab(self) -> dict[str, int]:
+            return {}
+
+    class Hermes(DelegatingParser):
+        tool_parser_cls = Hermes2ProToolParser
+
+    req = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], **body}
+    )
+    so = Hermes(Tokenizer(), req.tools).adjust_request(req).structured_outputs
+    return so.structural_tag if so is not None else None
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"tools": [WEATHER], "tool_choice": NAMED | {"function": {"name": "weather"}}},
+        {"tools": [WEATHER, STRICT], "tool_choice": NAMED},
+        {"tools": [WEATHER, NOW, STRICT], "tool_choice": "required"},
+        {"tools": [WEATHER, NOW], "tool_choice": "required", "parallel_tool_calls": False},
+        {"tools": [WEATHER, NOW], "tool_choice": "auto"},
+        {"tools": [WEATHER, STRICT], "tool_choice": "auto"},
+        {"tools": [WEATHER], "tool_choice": "auto", "parallel_tool_calls": False},
+        {"tools": [WEATHER], "tool_choice": "none"},
+        {"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}},
+    ],
+    ids=lambda b: (
+        f"{b['tool_choice'] if isinstance(b['tool_choice'], str) else 'named'}"
+        f"-{len(b['tools'])}-{'single' if b.get('parallel_tool_calls') is False else 'many'}"
+        f"{'-rf' if 'response_format' in b else ''}"
+    ),
+)
+def test_a_tool_choice_is_constrained_with_vllm_serves_structural_tag(body: dict) -> None:
+    """The same structural tag as vllm serve's own parser builds (hermes, strict tool calling,
+    --tool-strict-level auto): the same grammar gives the same greedy answer."""
+    got = options(chat(**body), PARSER)
+    mint = got.structured.structural_tag if got and got.structured else None
+    vllm = _vllm_serve_tag(body)
+    assert (json.loads(mint) if mint else None) == (json.loads(vllm) if vllm else None)
+    if body["tool_choice"] != "none":
+        assert got.skip_special_tokens is False  # vLLM's hermes parser reads special tokens
+
+
+def test_auto_with_strict_tools_and_a_response_format_keeps_the_format_alone() -> None:
+    """vLLM ORs the tool tag with the format; MinT applies the format (README: tools)."""
+    req = chat(tools=[STRICT], tool_choice="auto", response_format={"type": "json_object"})
+    assert options(req, PARSER).structured == StructuredOutput(json_object=True)
+    assert _vllm_serve_tag(
+        req.model_dump(include={"tools", "tool_choice"})
+        | {"response_format": {"type": "json_object"}}
+    )
 
 
 def test_the_ask_of_a_chat_and_of_token_prompts() -> None:
@@ -320,3 +358,48 @@ def test_what_the_sdk_sends_comes_back_as_the_same_sampling(chat_route: bool) ->
     else:
         req = validate(CompletionRequest, {**body, "prompt": "x"}, CONFIG)
     assert options(req, ToolOptions()) == sent
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "plain words",
+        "Let me look.<tool_call>",
+        '<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call>',
+        '<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arg',
+        '<tool_call>\n{"name": "weather", "arguments": "Celsius"}\n<',  # cut by max_tokens
+        '<tool_call>\n{"name": "weather", "arguments": {"city": "Os',
+        'Sure <tool_call>{"na',
+    ],
+)
+def test_a_streamed_answer_reads_as_vllms_streaming_hermes_parser_assembles_it(text) -> None:
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
+
+    from gateway.tools import hermes_streamed
+
+    class Tokenizer:
+        def get_vocab(self) -> dict[str, int]:
+            return {}
+
+    req = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER]}
+    )
+    parser = Hermes2ProToolParser(Tokenizer(), req.tools)
+    content, calls = "", {}
+    for i in range(1, len(text) + 1):  # one character per step, as a stream of tiny deltas
+        d = parser.extract_tool_calls_streaming(
+            text[: i - 1], text[:i], text[i - 1], [], [], [], req
+        )
+        if d is None:
+            continue
+        content += d.content or ""
+        for tc in d.tool_calls:
+            mine = calls.setdefault(tc.index, ["", ""])
+            mine[0] += tc.function.name or ""
+            mine[1] += tc.function.arguments or ""
+    mint_content, mint_calls = hermes_streamed(text)
+    assert (mint_content or "") == content
+    assert [[c["function"]["name"], c["function"]["arguments"]] for c in mint_calls] == [
+        calls[k] for k in sorted(calls)
+    ]

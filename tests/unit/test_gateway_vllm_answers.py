@@ -243,7 +243,7 @@ def test_without_a_tool_parser_tool_choices_are_vllms_400s(plain, choice, messag
 
 def test_a_named_tool_is_answered_as_its_call(tooled) -> None:
     http, oa, engines = tooled
-    engines.text = '{"city": "Oslo"}'
+    engines.text = '<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
     r = oa.chat.completions.create(
         model="math@prod",
         messages=[{"role": "user", "content": "weather?"}],
@@ -251,27 +251,36 @@ def test_a_named_tool_is_answered_as_its_call(tooled) -> None:
         tool_choice={"type": "function", "function": {"name": "weather"}},
     )
     msg = r.choices[0].message
-    assert msg.content == "" and r.choices[0].finish_reason == "stop"
+    assert msg.content == "" and r.choices[0].finish_reason == "stop"  # vLLM: named is "stop"
     (call,) = msg.tool_calls
     assert call.function.name == "weather" and call.function.arguments == '{"city": "Oslo"}'
     assert call.id.startswith("chatcmpl-tool-") and call.type == "function"
     p = engines.seen[-1].payload
-    assert p.sampling.structured.json_schema == WEATHER["function"]["parameters"]
+    tag = json.loads(p.sampling.structured.structural_tag)  # the hermes envelope, one call
+    assert tag["format"]["stop_after_first"] is True
+    assert {t["begin"] for t in tag["format"]["tags"]} == {
+        '<tool_call>\n{"name": "weather", "arguments": ',
+        '<tool_call>{"name": "weather", "arguments": ',
+    }
     # the tools reach the chat template: rendered here, sent as token ids
     assert p.prompt_token_ids and not p.chat
 
 
 def test_required_and_auto_tool_calls(tooled) -> None:
     http, oa, engines = tooled
-    engines.text = '[{"name": "weather", "parameters": {"city": "Kyïv"}}]'
+    engines.text = (
+        '<tool_call>{"name": "weather", "arguments": {"city": "Kyïv"}}</tool_call>'
+        '<tool_call>{"name": "weather", "arguments": {"city": "Rome"}}</tool_call>'
+    )
     r = oa.chat.completions.create(
         model="math@prod",
         messages=[{"role": "user", "content": "weather?"}],
         tools=[WEATHER],
         tool_choice="required",
     )
-    assert r.choices[0].finish_reason == "tool_calls"
-    assert r.choices[0].message.tool_calls[0].function.arguments == '{"city": "Kyïv"}'
+    assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.content == ""
+    args = [c.function.arguments for c in r.choices[0].message.tool_calls]
+    assert args == ['{"city": "Kyïv"}', '{"city": "Rome"}']
     engines.text = (
         'Let me look.<tool_call>{"name": "weather", "arguments": {"city": "Rome"}}</tool_call>'
     )
@@ -290,9 +299,9 @@ def test_required_and_auto_tool_calls(tooled) -> None:
     )
 
 
-def test_a_streamed_named_tool_sends_its_arguments_as_tool_call_deltas(tooled) -> None:
+def test_a_streamed_tool_call_comes_whole_with_its_index(tooled) -> None:
     http, oa, engines = tooled
-    engines.text = '{"city": "Oslo"}'
+    engines.text = '<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>'
     stream = oa.chat.completions.create(
         model="math@prod",
         messages=[{"role": "user", "content": "weather?"}],
@@ -300,14 +309,18 @@ def test_a_streamed_named_tool_sends_its_arguments_as_tool_call_deltas(tooled) -
         tool_choice={"type": "function", "function": {"name": "weather"}},
         stream=True,
     )
+    chunks = [c for c in stream if c.choices]
     calls = [
-        c.choices[0].delta.tool_calls[0]
-        for c in stream
-        if c.choices and c.choices[0].delta.tool_calls
+        call
+        for c in chunks
+        if c.choices[0].delta.tool_calls
+        for call in c.choices[0].delta.tool_calls
     ]
-    assert calls[0].function.name == "weather" and calls[0].id
-    assert all(c.function.name is None for c in calls[1:])
-    assert "".join(c.function.arguments for c in calls) == '{"city": "Oslo"}'
+    (call,) = calls
+    assert call.index == 0 and call.id and call.function.name == "weather"
+    assert call.function.arguments == '{"city": "Oslo"}'
+    assert not any(c.choices[0].delta.content for c in chunks)  # the envelope is not content
+    assert chunks[-1].choices[0].finish_reason == "stop"
 
 
 # ---------------------------------------------------------------------- templates, tokenize

@@ -60,12 +60,24 @@ def test_without_options_the_request_runs_as_before() -> None:
         (SamplingOptions(repetition_penalty=0.0), "repetition_penalty"),
         (SamplingOptions(min_p=1.5), "min_p"),
         (SamplingOptions(presence_penalty=5.0), "presence_penalty"),
+        (
+            SamplingOptions(structured=StructuredOutput(structural_tag='{"a": 1}')),
+            "Invalid structured_outputs structural_tag specification",
+        ),
     ],
 )
 def test_what_vllm_refuses_is_the_requests_refusal_with_vllms_words(opts, words) -> None:
     with pytest.raises(RequestRefused, match=words) as e:
         sampling_params(GenRequest("hi", 8, options=opts))
     assert e.value.code == "invalid_value"
+
+
+def test_a_structural_tag_reaches_vllm_as_json_text() -> None:
+    tag = '{"type": "structural_tag", "format": {"type": "const_string", "value": "Paris"}}'
+    opts = SamplingOptions(structured=StructuredOutput(structural_tag=tag))
+    assert (
+        sampling_params(GenRequest("hi", 8, options=opts)).structured_outputs.structural_tag == tag
+    )
 
 
 def test_a_structured_output_names_exactly_one_kind() -> None:

@@ -62,6 +62,13 @@ def request_ref(env: Envelope[Any]) -> Ref:
     return Ref(env.tenant, env.policy, alias=p.alias)
 
 
+def _with_prompt_ids(it: Pending, res: Any) -> bool:
+    """The prompt's token ids travel back with its logprobs, or when asked for."""
+    options = it.env.payload.sampling
+    asked = options is not None and bool(options.return_prompt_token_ids)
+    return asked or res.prompt_logprobs is not None
+
+
 def reason(e: BaseException, *, plain: bool = False) -> str:
     """An error's text for an answer: its own words for refusals that name the fix (``plain``),
     prefixed with its type otherwise (which failed: AdapterMissing, EngineError, ...)."""
@@ -117,7 +124,7 @@ class Answers:
                 token_logprobs=s.token_logprobs,
                 stop_reason=s.stop_reason,
                 prompt_logprobs=res.prompt_logprobs,
-                prompt_token_ids=res.prompt_token_ids if res.prompt_logprobs is not None else None,
+                prompt_token_ids=res.prompt_token_ids if _with_prompt_ids(it, res) else None,
             ),
         )
         self.stats["completed"] += 1

@@ -56,11 +56,19 @@ def sampling_params(r: GenRequest, *, delta: bool = True):
             regex=s.regex,
             choice=list(s.choice) if s.choice else None,
             grammar=s.grammar,
+            structural_tag=s.structural_tag,
             disable_any_whitespace=s.disable_any_whitespace,
         )
     # logprobs: 0 is the sampled token's own; k adds k alternatives (vLLM's max_logprobs: 20)
     logprobs = (o.top_logprobs or 0) if r.logprobs or o.top_logprobs else None
     try:
+        if o.structured is not None and o.structured.structural_tag is not None:
+            # vllm serve checks a tag before the engine, where a bad one fails the generation
+            from vllm.entrypoints.generate.base.protocol import validate_structural_tag_payload
+
+            validate_structural_tag_payload(
+                o.structured.structural_tag, parameter="structured_outputs"
+            )
         return SamplingParams(
             n=r.n,
             temperature=r.temperature,

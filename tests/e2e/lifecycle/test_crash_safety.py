@@ -124,6 +124,9 @@ def test_kill9_trainer_mid_update_and_engine_mid_requests(
         from mint.dev.workers import wait_projected
 
         wait_projected(s, client.catalog)
+    except BaseException:
+        print(workers.report())  # which worker did not answer, and why
+        raise
     finally:
         if client is not None:
             client.close()

@@ -154,8 +154,7 @@ def test_a_reward_and_a_suite_installed_from_outside_the_tree(
             assert repr(listed) in message, message  # the installed plugin is listed
         workers.check()
     except BaseException:
-        logs = {p.name: p.read_text(errors="replace")[-2000:] for p in workers.log_dir.glob("*")}
-        print("\n".join(f"--- {name}\n{text}" for name, text in sorted(logs.items())))
+        print(workers.report())
         raise
     finally:
         if client is not None:

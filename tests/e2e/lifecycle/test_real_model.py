@@ -99,6 +99,9 @@ def test_a_grpo_round_on_the_real_model_through_the_workers(
         )
         assert answer.revision == rnd.revision and answer.text.strip()
         stored_uri = client.catalog.get_revision(TENANT, task.policy, rnd.revision).store_uri
+    except BaseException:
+        print(workers.report())  # which worker did not answer, and why
+        raise
     finally:
         if client is not None:
             client.close()
