@@ -8,11 +8,13 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from mint import __version__
 from mint.commands.errors import fail, one_line_errors
 from schemas.logs import configure_logging
 from schemas.settings import get_settings
 
-console = Console(stderr=True)
+console = Console(stderr=True)  # progress and messages
+out = Console()  # what a command answers: tables a pipe or a script reads
 
 
 # Every command's --help shows its options' defaults: one setting here, inherited by each
@@ -23,6 +25,9 @@ console = Console(stderr=True)
     type=click.Choice(["console", "json"]),
     default="console",
     help="Log lines for people (console) or machines (json).",
+)
+@click.version_option(
+    __version__, "--version", "-V", prog_name="mint", message="%(prog)s %(version)s"
 )
 def main(log_format: str) -> None:
     """MinT: LoRA post-training and serving over resident base models.
@@ -143,7 +148,7 @@ def _print_status(settings=None) -> bool:
             str(s.pid or "-"),
             f"{s.rss_mb:.0f}" if s.rss_mb else "-",
         )
-    console.print(table)
+    out.print(table)
     return all(s.answering for s in rows)
 
 

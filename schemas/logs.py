@@ -35,6 +35,19 @@ def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
     # Drivers are chatty at INFO; their warnings still show.
     for noisy in ("kafka", "cassandra", "aiokafka"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))
+    cluster = logging.getLogger("kafka.cluster")
+    if not any(isinstance(f, _CancelledOnClose) for f in cluster.filters):
+        cluster.addFilter(_CancelledOnClose())
+
+
+class _CancelledOnClose(logging.Filter):
+    """kafka-python logs "Metadata refresh: failed Cancelled" at ERROR when a client closes with
+    a refresh in flight: the close itself, not an error (it printed before every normal answer
+    of `mint history`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not any(type(a).__name__ == "Cancelled" for a in args)
 
 
 @contextmanager

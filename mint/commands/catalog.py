@@ -11,13 +11,13 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.table import Table
 
 from mint.commands.args import tenant_policy
 from mint.commands.cassandra import catalog_session
 from mint.commands.catalog_import import import_cmd
 from mint.commands.errors import one_line_errors
-from mint.commands.lifecycle import history_table, move_alias
+from mint.commands.lifecycle import move_alias, print_history
+from mint.commands.listing import output_option, print_rows, text, when
 from schemas.settings import get_settings
 
 console = Console(stderr=True)
@@ -152,34 +152,46 @@ def resolve_cmd(reference: str) -> None:
 @catalog.command("revisions")
 @click.argument("policy_id")
 @click.option("--limit", default=20)
+@output_option
 @one_line_errors
-def revisions_cmd(policy_id: str, limit: int) -> None:
+def revisions_cmd(policy_id: str, limit: int, output: str) -> None:
     """List a policy's revisions, newest first."""
     from catalog.repository import CatalogRepository
 
     settings = get_settings()
-    table = Table("rev", "digest", "store uri", "parent", "created", "by")
     with catalog_session(settings) as session:
         repo = CatalogRepository(session, settings.keyspace)
+        rows = []
         for i, r in enumerate(repo.iter_revisions(*tenant_policy(policy_id))):
             if i >= limit:
                 break
-            table.add_row(
-                str(r.revision),
-                r.digest[:19] + "…",
-                r.store_uri,
-                str(r.parent_revision or "-"),
-                f"{r.created_at:%Y-%m-%d %H:%M:%S}",
-                r.created_by,
+            rows.append(
+                {
+                    "revision": r.revision,
+                    "digest": r.digest,
+                    "store_uri": r.store_uri,
+                    "parent_revision": r.parent_revision,
+                    "created_at": r.created_at,
+                    "created_by": r.created_by,
+                }
             )
-    out.print(table)
+    columns = {
+        "rev": text("revision"),
+        "digest": lambda r: r["digest"][:19] + "…",
+        "store uri": text("store_uri"),
+        "parent": text("parent_revision"),
+        "created": when("created_at"),
+        "by": text("created_by"),
+    }
+    print_rows(out, rows, columns, output)
 
 
 @catalog.command("history")
 @click.argument("reference")
 @click.option("--limit", default=20)
+@output_option
 @one_line_errors
-def history_cmd(reference: str, limit: int) -> None:
+def history_cmd(reference: str, limit: int, output: str) -> None:
     """Show an alias's moves (tenant/policy@alias), newest first."""
     from catalog.refs import parse_ref
     from catalog.repository import CatalogRepository
@@ -192,7 +204,7 @@ def history_cmd(reference: str, limit: int) -> None:
         moves = CatalogRepository(session, settings.keyspace).alias_history(
             ref.tenant, ref.policy, ref.alias, limit=limit
         )
-    out.print(history_table(moves))
+    print_history(moves, output)
 
 
 def _move(reference: str, call: Callable[[Any, str, str], Any], timeout: float, by: str) -> None:

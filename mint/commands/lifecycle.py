@@ -13,11 +13,11 @@ from collections.abc import Callable
 
 import click
 from rich.console import Console
-from rich.table import Table
 
 from mint.commands.args import tenant_policy
 from mint.commands.errors import one_line_errors
 from mint.commands.inference import infer  # listed here: a policy's verbs stay together
+from mint.commands.listing import output_option, print_rows, text, when
 from schemas.settings import get_settings
 
 console = Console(stderr=True)
@@ -92,22 +92,29 @@ def policies() -> None:
 
 @policies.command("list")
 @click.argument("tenant")
+@output_option
 @one_line_errors
-def policies_list(tenant: str) -> None:
+def policies_list(tenant: str, output: str) -> None:
     """The tenant's policies with their aliases and latest revision."""
     with _client(tenant) as c:
-        table = Table("policy", "base model", "latest", "aliases", "created")
-        for p in c.policies():
-            aliases = ", ".join(f"{a.alias}→{a.revision}" for a in c.aliases(p.policy)) or "-"
-            latest = c.latest_revision(p.policy)
-            table.add_row(
-                p.name,
-                p.base_model[-40:],
-                str(latest or "-"),
-                aliases,
-                f"{p.created_at:%Y-%m-%d %H:%M:%S}",
-            )
-    out.print(table)
+        rows = [
+            {
+                "policy": p.name,
+                "base_model": p.base_model,
+                "latest_revision": c.latest_revision(p.policy),
+                "aliases": {a.alias: a.revision for a in c.aliases(p.policy)},
+                "created_at": p.created_at,
+            }
+            for p in c.policies()
+        ]
+    columns = {
+        "policy": text("policy"),
+        "base model": lambda r: r["base_model"][-40:],
+        "latest": text("latest_revision"),
+        "aliases": lambda r: ", ".join(f"{a}→{n}" for a, n in r["aliases"].items()) or "-",
+        "created": when("created_at"),
+    }
+    print_rows(out, rows, columns, output)
 
 
 @policies.command("configure")
@@ -154,33 +161,44 @@ def policies_configure(
 @click.command("revisions")
 @click.argument("policy_id")
 @click.option("--limit", default=20)
+@output_option
 @one_line_errors
-def revisions(policy_id: str, limit: int) -> None:
+def revisions(policy_id: str, limit: int, output: str) -> None:
     """A policy's revisions, newest first, with the aliases that point at them."""
     tenant, policy = tenant_policy(policy_id)
     with _client(tenant) as c:
         by_rev: dict[int, list[str]] = {}
         for a in c.aliases(policy):
             by_rev.setdefault(a.revision, []).append(a.alias)
-        table = Table("rev", "digest", "parent", "aliases", "created", "by")
-        for r in c.revisions(policy)[:limit]:
-            table.add_row(
-                str(r.revision),
-                r.digest[:19] + "…",
-                str(r.parent_revision or "-"),
-                ", ".join(by_rev.get(r.revision, [])) or "",
-                f"{r.created_at:%Y-%m-%d %H:%M:%S}",
-                r.created_by,
-            )
-    out.print(table)
+        rows = [
+            {
+                "revision": r.revision,
+                "digest": r.digest,
+                "parent_revision": r.parent_revision,
+                "aliases": by_rev.get(r.revision, []),
+                "created_at": r.created_at,
+                "created_by": r.created_by,
+            }
+            for r in c.revisions(policy)[:limit]
+        ]
+    columns = {
+        "rev": text("revision"),
+        "digest": lambda r: r["digest"][:19] + "…",
+        "parent": text("parent_revision"),
+        "aliases": lambda r: ", ".join(r["aliases"]),
+        "created": when("created_at"),
+        "by": text("created_by"),
+    }
+    print_rows(out, rows, columns, output)
 
 
 @click.command("history")
 @click.argument("reference")
 @click.option("--alias", default=None, help="Alias (default: the @alias of REFERENCE, or prod).")
 @click.option("--limit", default=20)
+@output_option
 @one_line_errors
-def history(reference: str, alias: str | None, limit: int) -> None:
+def history(reference: str, alias: str | None, limit: int, output: str) -> None:
     """An alias's moves (catalog history rows), newest first: who moved it, when and why.
 
     REFERENCE is tenant/policy or tenant/policy@alias."""
@@ -188,23 +206,33 @@ def history(reference: str, alias: str | None, limit: int) -> None:
     alias = alias or (reference.partition("@")[2] or "prod")
     with _client(tenant) as c:
         moves = c.history(policy, alias, limit=limit)
-    out.print(history_table(moves, title=f"{tenant}/{policy}@{alias}"))
+    print_history(moves, output, title=f"{tenant}/{policy}@{alias}")
 
 
-def history_table(moves, title: str | None = None) -> Table:
-    """An alias's moves as a table, one row a move (for `mint history` and `mint catalog history`)."""
-    table = Table("seq", "from", "to", "kind", "when", "who", "why", title=title)
-    for m in moves:
-        table.add_row(
-            str(m.seq),
-            str(m.from_revision or "-"),
-            str(m.to_revision or "-"),
-            m.kind,
-            f"{m.moved_at:%Y-%m-%d %H:%M:%S}",
-            m.moved_by,
-            m.reason,
-        )
-    return table
+def print_history(moves, output: str, title: str | None = None) -> None:
+    """An alias's moves, one row a move (for `mint history` and `mint catalog history`)."""
+    rows = [
+        {
+            "seq": m.seq,
+            "from_revision": m.from_revision,
+            "to_revision": m.to_revision,
+            "kind": m.kind,
+            "moved_at": m.moved_at,
+            "moved_by": m.moved_by,
+            "reason": m.reason,
+        }
+        for m in moves
+    ]
+    columns = {
+        "seq": text("seq"),
+        "from": text("from_revision"),
+        "to": text("to_revision"),
+        "kind": text("kind"),
+        "when": when("moved_at"),
+        "who": text("moved_by"),
+        "why": text("reason", empty=""),
+    }
+    print_rows(out, rows, columns, output, title=title)
 
 
 # ---------------------------------------------------------------------- promote, rollback

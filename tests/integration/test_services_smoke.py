@@ -55,3 +55,27 @@ def test_cassandra_write_read_and_lightweight_transaction(cassandra) -> None:
         session.execute(f"SELECT revision FROM {ks}.aliases WHERE name = 'prod'").one().revision
         == 2
     )
+
+
+def test_dev_status_answers_on_stdout_and_exits_0(base_settings: MintSettings) -> None:
+    """The table is the command's answer (stdout, for a pipe); logs and messages go to stderr."""
+    import os
+    import subprocess
+    import sys
+
+    env = {
+        **os.environ,
+        "MINT_KAFKA_BOOTSTRAP": base_settings.kafka_bootstrap,
+        "MINT_CASSANDRA_HOSTS": base_settings.cassandra_hosts,
+        "MINT_CASSANDRA_PORT": str(base_settings.cassandra_port),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "mint.cli", "dev", "status"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if "kafka" in line or "cassandra" in line]
+    assert len(lines) == 2 and all(" up " in line for line in lines), done.stdout

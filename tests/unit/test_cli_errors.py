@@ -103,3 +103,10 @@ def test_a_secrets_folder_that_cannot_be_made_is_one_line(tmp_path: Path) -> Non
     result = CliRunner().invoke(main, ["security", "secrets", "--dir", str(tmp_path / "file/s")])
     assert result.exit_code == 1 and result.output.startswith("error: "), result.output
     assert "Traceback" not in result.output and "Not a directory" in result.output
+
+
+def test_mint_version_prints_the_package_version() -> None:
+    from mint import __version__
+
+    result = CliRunner().invoke(main, ["--version"])
+    assert result.exit_code == 0 and result.output == f"mint {__version__}\n"

@@ -118,6 +118,22 @@ def run_projector(
         cluster.shutdown()
 
 
+def handler(settings: MintSettings):
+    """The projector as a replay processor (``mint replay export.events --processor
+    workers.projector:handler``): each event applied to the catalog, idempotent on its event id,
+    so re-driving a window the projector saw already changes nothing. Its Cassandra connection
+    lasts as long as the process (a replay's)."""
+    _, session = connect(settings)
+    check_schema(session, settings.keyspace)
+    repo = CatalogRepository(session, settings.keyspace)
+
+    def handle(env, record) -> None:
+        outcome = apply_event(repo, env)
+        log.debug("projected", outcome=outcome.value, topic=record.topic, offset=record.offset)
+
+    return handle
+
+
 def _is_current_move(repo: CatalogRepository, env, outcome: Outcome) -> bool:
     """A move just applied, or a duplicate that is still the alias's latest move (the crash may
     have come between the catalog write and the send); never a stale move seen again."""

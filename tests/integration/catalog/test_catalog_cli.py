@@ -79,5 +79,15 @@ def test_migrate_promote_rollback_resolve_history(cli, settings):
     history = run("history", "acme/math-rl@prod").stdout
     assert "rollback" in history and "regression" in history and "alice" in history
     assert "file:///s/acme/math-rl/2" in run("revisions", "acme/math-rl").stdout
+    # -o json: one object per line, every field whole (for jq), nothing else on stdout
+    moves = [
+        json.loads(line)
+        for line in run("history", "acme/math-rl@prod", "-o", "json").stdout.splitlines()
+    ]
+    assert [(m["kind"], m["to_revision"]) for m in moves][0] == ("rollback", 1)
+    assert moves[0]["reason"] == "regression" and moves[-1]["moved_by"] == "alice"
+    revs = run("revisions", "acme/math-rl", "-o", "json").stdout.splitlines()
+    assert [json.loads(r)["revision"] for r in revs] == [2, 1]
+    assert json.loads(revs[0])["digest"] == digest_of(2)
     bad = run("resolve", "acme/math-rl@sha256:xyz", ok=False)
     assert "is malformed" in bad.stderr

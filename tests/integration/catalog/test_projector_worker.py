@@ -119,3 +119,20 @@ def _policy_state(settings) -> dict[bytes, list[int]]:
         pointers.setdefault(m.key, []).append(decode_event(m.value).payload.to_revision)
     consumer.close()
     return pointers
+
+
+def test_the_projector_redrives_a_window_as_mint_replay_help_shows(settings, live) -> None:
+    """`mint replay export.events --processor workers.projector:handler` (the --help example):
+    the window's exports land in the catalog, and a second re-drive changes nothing."""
+    from streams.replay import redrive, resolve_window
+
+    exports = [export("acme", "r", n, minute=n) for n in (1, 2)]
+    with EventProducer(settings) as producer:
+        producer.publish_many(exports)
+    window = resolve_window(settings, settings.topic("export.events"))
+    assert window.total == 2
+    for _ in range(2):
+        _, stats = redrive(settings, window, "workers.projector:handler")
+        assert stats.handled == 2 and stats.dead_lettered == 0
+    repo = CatalogRepository(live, settings.keyspace)
+    assert [r.revision for r in repo.iter_revisions("acme", "r")] == [2, 1]
