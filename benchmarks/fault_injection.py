@@ -158,6 +158,8 @@ def watched(workers, wait, timeout_s: float = 600.0):
         except WaitTimeout:
             workers.check()
             if time.monotonic() >= deadline:
+                # where each worker stands (stacks and log ends) on the way out
+                print(workers.report(tail_chars=1500), file=sys.stderr, flush=True)
                 raise
 
 

@@ -35,6 +35,11 @@ def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
     # Drivers are chatty at INFO; their warnings still show.
     for noisy in ("kafka", "cassandra", "aiokafka"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))
+    hush_driver_noise()
+
+
+def hush_driver_noise() -> None:
+    """Drop what drivers log as errors that are not (idempotent)."""
     cluster = logging.getLogger("kafka.cluster")
     if not any(isinstance(f, _CancelledOnClose) for f in cluster.filters):
         cluster.addFilter(_CancelledOnClose())

@@ -7,7 +7,19 @@ import click
 
 @click.group("worker")
 def worker() -> None:
-    """Run one MinT worker in the foreground (a consumer-group member; start more to scale out)."""
+    """Run one MinT worker in the foreground (a consumer-group member; start more to scale out).
+
+    `kill -USR1 PID` prints every thread's stack to the worker's stderr (a worker that seems
+    stuck says where), and the worker goes on."""
+    import contextlib
+    import faulthandler
+    import io
+    import signal
+    import sys
+
+    with contextlib.suppress(AttributeError, ValueError, io.UnsupportedOperation):
+        # the process's own stderr (a worker's log), even where sys.stderr was swapped
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
 
 
 @worker.command("projector")

@@ -212,7 +212,14 @@ class Workers:
 
     def report(self, tail_chars: int = 3000) -> str:
         """Each worker's state (running, or its exit code) and the end of its log: what a failed
-        run prints, so that a wait that timed out says which worker did not answer and why."""
+        run prints, so that a wait that timed out says which worker did not answer and why. A
+        running worker first writes its threads' stacks to its log (SIGUSR1: where it waits)."""
+        running = [p for p in self.procs.values() if p.poll() is None]
+        for p in running:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGUSR1)
+        if running:
+            time.sleep(1.0)
         parts = []
         for log in sorted(self.log_dir.glob("*.log")):
             p = self.procs.get(log.stem)

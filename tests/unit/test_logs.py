@@ -6,13 +6,13 @@ import logging
 
 import kafka.errors
 
-from schemas.logs import configure_logging
+from schemas.logs import hush_driver_noise
 
 
 def test_a_metadata_refresh_cancelled_by_a_close_is_not_logged_but_real_failures_are(
     caplog,
 ) -> None:
-    configure_logging("INFO", "console")
+    hush_driver_noise()  # what configure_logging does for them
     log = logging.getLogger("kafka.cluster")
     with caplog.at_level(logging.ERROR, logger="kafka.cluster"):
         log.error("Metadata refresh: failed %s", kafka.errors.Cancelled())

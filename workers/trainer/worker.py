@@ -87,6 +87,13 @@ class TrainerService(RevisionExporter):
             return None
         if not isinstance(env.payload, UpdateRequested):
             return None
+        log.info(
+            "update_received",
+            request=str(env.event_id),
+            policy=env.policy_id,
+            parent_revision=env.payload.parent_revision,
+            steps=env.payload.steps,
+        )
         with self._policy_lock(env.policy_id):
             done = self.store.find_request(env.tenant, env.policy, str(env.event_id))
             if done is not None:

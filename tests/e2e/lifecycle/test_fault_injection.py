@@ -26,7 +26,7 @@ def test_fault_injection_smoke_holds_its_zeros() -> None:
     )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if len(lines) != 1:  # whole, under "Captured stdout" (an assertion message gets cut)
-        print(proc.stdout[-3000:], proc.stderr[-8000:], sep="\n")
+        print(proc.stdout[-3000:], proc.stderr[-16000:], sep="\n")
     assert len(lines) == 1, "no result line: see the captured output for the run's end"
     r = json.loads(lines[0])
     assert r["faults"] == ["kafka", "cassandra", "trainer"] and r["secure"] is True
