@@ -209,6 +209,12 @@ def test_requests_of_revoked_partitions_are_dropped_not_answered(setup) -> None:
     out = core.on_load_requests(loads)
     answered = [e.payload.request_id for e in out if isinstance(e.payload, InferCompleted)]
     assert answered == ["cold-b"]  # the dropped ones are the new owner's to answer
+    # p1's load, asked here, waits for nobody now: not loaded (the new owner loads it)
+    assert not core.ws.resident(refs["p1"].digest) and core.stats["loads_skipped"] == 1
+    assert not any(
+        isinstance(e.payload, AdapterLoaded) and e.payload.adapter_digest == refs["p1"].digest
+        for e in out
+    )
 
 
 def test_requests_past_their_deadline_are_answered_expired_not_run(setup, monkeypatch) -> None:

@@ -60,7 +60,7 @@ from workers.serving.answers import (
 from workers.serving.engine import GenRequest, LoraHandle
 from workers.serving.exceptions import RequestRefused
 from workers.serving.flights import Flights
-from workers.serving.loads import ColdLoads, adapter_key, load_ref
+from workers.serving.loads import PREFETCH, ColdLoads, adapter_key, load_ref
 from workers.serving.resolution import ResolutionCache
 from workers.serving.scheduler import DemandScheduler
 from workers.serving.working_set import WorkingSet
@@ -209,7 +209,7 @@ class ServingCore:
             return []
         if not self.serves(env.tenant, env.policy):
             return []
-        return [self.loads.ask(env, res, reason="promotion prefetch", priority=9)]
+        return [self.loads.ask(env, res, reason=PREFETCH, priority=9)]
 
     def on_load_requests(self, envs: list[Envelope[LoadRequested]]) -> list[Envelope[Any]]:
         """This engine's share of the load topic (the partitions of the policies it serves):

@@ -28,6 +28,9 @@ from workers.serving.working_set import WorkingSet
 
 log = structlog.get_logger()
 
+# The one load asked with nobody waiting: the adapter an alias was just moved to.
+PREFETCH = "promotion prefetch"
+
 
 @dataclass
 class LoadWait:
@@ -107,11 +110,15 @@ class ColdLoads:
         p, aref = env.payload, load_ref(env)
         key = adapter_key(aref)
         waiting = self.waiting.demand(key)
-        if p.engine_id not in (None, self.engine_id) and waiting == 0:
+        if waiting == 0 and (p.engine_id not in (None, self.engine_id) or p.reason != PREFETCH):
+            # Nothing here waits for it: another engine's (that engine lost the partition, and
+            # its requests, redelivered here, ask again), or this engine's whose requests left
+            # (a rebalance moved them; the new owner asks) or were answered. Only a promotion
+            # prefetch loads with nobody waiting yet.
             self.stats["loads_skipped"] += 1
             return None
         if waiting == 0 and self.ws.ready_for(aref):
-            return None  # asked twice (a redelivery, a re-issued ask, requests dropped)
+            return None  # asked twice (a redelivery, a re-issued ask)
         t0 = time.perf_counter()
         try:
             if p.base_model != self.base_model:
