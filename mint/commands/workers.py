@@ -10,7 +10,8 @@ def worker() -> None:
     """Run one MinT worker in the foreground (a consumer-group member; start more to scale out).
 
     `kill -USR1 PID` prints every thread's stack to the worker's stderr (a worker that seems
-    stuck says where), and the worker goes on."""
+    stuck says where) and the worker goes on; in a process busy on many threads the dump is
+    best effort (Python's faulthandler), so use it on a worker that is stuck anyway."""
     import contextlib
     import faulthandler
     import io
