@@ -27,6 +27,7 @@ targets per row: MinT tokens/s ≥ 0.9 × vllm serve's, MinT TTFT p50 ≤ vllm s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -35,7 +36,10 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -204,7 +208,24 @@ def vllm_side(model: Path, adapters: list[Path], rows, args, work: Path) -> tupl
     return results, command
 
 
-def mint_side(model: Path, adapters: list[Path], rows, args, work: Path) -> dict:
+@dataclass(frozen=True)
+class MintStack:
+    """A running MinT side: the gateway's OpenAI base URL and a key of tenant ``bench``."""
+
+    url: str
+    key: str
+    workers: Any  # mint.dev.workers.Workers (the engine)
+    gateway: Any  # the gateway's process
+    settings: Any  # the run's MintSettings (own topics and keyspace)
+
+
+@contextlib.contextmanager
+def mint_stack(
+    model: Path, adapters: dict[str, Path], work: Path, tag: str, partitions: int
+) -> Iterator[MintStack]:
+    """MinT's gateway and one engine on a run's own topics and keyspace, each adapter stored
+    as revision 1 of ``bench/<policy>`` with alias ``prod``. Everything is stopped and dropped
+    on the way out."""
     from benchmarks._adapters import import_rows
     from benchmarks._engine_group import (
         ASSIGNED,
@@ -221,7 +242,7 @@ def mint_side(model: Path, adapters: list[Path], rows, args, work: Path) -> dict
     from catalog.store import AdapterStore
     from mint.dev.workers import Workers
 
-    settings = run_settings(work, partitions=3, tag=f"svv{uuid.uuid4().hex[:6]}")
+    settings = run_settings(work, partitions=partitions, tag=f"{tag}{uuid.uuid4().hex[:6]}")
     settings = settings.model_copy(update={"base_model": str(model)})
     prepare(settings)
     workers = gateway = None
@@ -229,16 +250,16 @@ def mint_side(model: Path, adapters: list[Path], rows, args, work: Path) -> dict
         store = AdapterStore.from_settings(settings)
         fingerprint = model_fingerprint(model)
         catalog = []
-        for i, d in enumerate(adapters):
+        for policy, d in adapters.items():
             st = store.put(
                 d,
                 tenant=TENANT,
-                policy=f"p{i:02d}",
+                policy=policy,
                 base_model=MODEL,
                 base_model_fingerprint=fingerprint,
             )
             catalog.append(
-                {"tenant": TENANT, "policy": f"p{i:02d}", "revision": 1, "digest": st.digest}
+                {"tenant": TENANT, "policy": policy, "revision": 1, "digest": st.digest}
                 | {"uri": st.uri, "base_model": MODEL, "aliases": ["prod"]}
             )
         import_rows(settings, catalog, work / "catalog.jsonl")
@@ -260,7 +281,7 @@ def mint_side(model: Path, adapters: list[Path], rows, args, work: Path) -> dict
             "--base-model-name",
             MODEL,
             "--engine-id",
-            "bench-engine",
+            f"{tag}-engine",
             *flags(ENGINE),
             **ENV,
         )
@@ -273,14 +294,8 @@ def mint_side(model: Path, adapters: list[Path], rows, args, work: Path) -> dict
                 raise RuntimeError(f"the engine got no partitions in 600 s; see {logs}")
             time.sleep(1.0)
         say(f"MinT engine ready in {time.monotonic() - t0:.0f} s")
-        servers = {"engine": workers.procs["engine"].pid, "gateway": gateway.pid}
-        if broker := listener_pid(settings.kafka_bootstrap):  # shared: others' traffic too
-            servers["kafka_broker"] = broker
-        results = run_rows(
-            f"{url}/v1", key.text, lambda i: f"{TENANT}/p{i:02d}@prod", rows, args, servers
-        )
-        workers.check()  # the engine served every row without exiting
-        return results
+        yield MintStack(f"{url}/v1", key.text, workers, gateway, settings)
+        workers.check()  # the engine served every request without exiting
     finally:
         if gateway is not None:
             stop_group(gateway)
@@ -291,6 +306,15 @@ def mint_side(model: Path, adapters: list[Path], rows, args, work: Path) -> dict
                 cleanup(settings)
             except Exception as e:  # cleanup only: the figures stand
                 say(f"cleanup {cleanup.__name__} failed: {e}")
+
+
+def mint_side(model: Path, adapters: list[Path], rows, args, work: Path) -> dict:
+    policies = {f"p{i:02d}": d for i, d in enumerate(adapters)}
+    with mint_stack(model, policies, work, tag="svv", partitions=3) as m:
+        servers = {"engine": m.workers.procs["engine"].pid, "gateway": m.gateway.pid}
+        if broker := listener_pid(m.settings.kafka_bootstrap):  # shared: others' traffic too
+            servers["kafka_broker"] = broker
+        return run_rows(m.url, m.key, lambda i: f"{TENANT}/p{i:02d}@prod", rows, args, servers)
 
 
 def check_services(settings) -> None:

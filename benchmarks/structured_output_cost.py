@@ -25,7 +25,6 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -134,86 +133,6 @@ def vllm_serve(model: Path, adapter: Path, work: Path) -> Iterator[str]:
         yield s.url
 
 
-@contextlib.contextmanager
-def mint(model: Path, adapter: Path, work: Path) -> Iterator[tuple[str, str]]:
-    """MinT's gateway and one engine on a run's own topics and keyspace, the adapter as
-    ``bench/so`` revision 1 with alias ``prod``; yields (base URL, API key)."""
-    from benchmarks._adapters import import_rows
-    from benchmarks._engine_group import (
-        ASSIGNED,
-        delete_topics,
-        drop_keyspace,
-        prepare,
-        run_settings,
-    )
-    from benchmarks._vllm_serve import stop_group
-    from benchmarks.gateway_latency import start_gateway, wait_ready
-    from benchmarks.serving_vs_vllm import ENGINE, ENV, flags
-    from catalog.access import AccessRepository
-    from catalog.artifacts import model_fingerprint
-    from catalog.cluster import connect
-    from catalog.store import AdapterStore
-    from mint.dev.workers import Workers
-
-    settings = run_settings(work, partitions=1, tag=f"soc{uuid.uuid4().hex[:6]}")
-    settings = settings.model_copy(update={"base_model": str(model)})
-    prepare(settings)
-    workers = gateway = None
-    try:
-        st = AdapterStore.from_settings(settings).put(
-            adapter,
-            tenant=TENANT,
-            policy=POLICY,
-            base_model=MODEL,
-            base_model_fingerprint=model_fingerprint(model),
-        )
-        row = {"tenant": TENANT, "policy": POLICY, "revision": 1, "digest": st.digest}
-        row |= {"uri": st.uri, "base_model": MODEL, "aliases": ["prod"]}
-        import_rows(settings, [row], work / "catalog.jsonl")
-        cluster, session = connect(settings)
-        try:
-            access = AccessRepository(session, settings.keyspace)
-            access.create_tenant(TENANT, rate_per_s=1e6, burst=1_000_000)
-            key, _ = access.create_key(TENANT, name="bench")
-        finally:
-            cluster.shutdown()
-        logs = work / "mint-logs"
-        workers = Workers(settings, model, logs)
-        workers.start(
-            "engine",
-            "serving",
-            "--model",
-            str(model),
-            "--base-model-name",
-            MODEL,
-            "--engine-id",
-            "so-engine",
-            *flags(ENGINE),
-            **ENV,
-        )
-        gateway, url = start_gateway(settings, logs / "gateway.log", model)
-        wait_ready(url, gateway, logs / "gateway.log")
-        t0 = time.monotonic()
-        while ASSIGNED not in (logs / "engine.log").read_text(errors="replace"):
-            workers.check()
-            if time.monotonic() - t0 > 600:
-                raise RuntimeError(f"the engine got no partitions in 600 s; see {logs}")
-            time.sleep(1.0)
-        say(f"MinT engine ready in {time.monotonic() - t0:.0f} s")
-        yield f"{url}/v1", key.text
-        workers.check()  # the engine served every request without exiting
-    finally:
-        if gateway is not None:
-            stop_group(gateway)
-        if workers is not None:
-            workers.stop_all()
-        for cleanup in (drop_keyspace, delete_topics):
-            try:
-                cleanup(settings)
-            except Exception as e:  # cleanup only: the figures stand
-                say(f"cleanup {cleanup.__name__} failed: {e}")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="4 prompts, 48 tokens")
@@ -223,7 +142,7 @@ def main() -> int:
     args.prompts = args.prompts or (4 if args.smoke else 24)
     args.max_tokens = args.max_tokens or (48 if args.smoke else 64)
 
-    from benchmarks.serving_vs_vllm import ENGINE, make_adapters
+    from benchmarks.serving_vs_vllm import ENGINE, make_adapters, mint_stack
     from schemas.logs import configure_logging
     from schemas.settings import MintSettings
     from workers.models.pretrained import fetch
@@ -237,9 +156,9 @@ def main() -> int:
         with vllm_serve(model, adapter, work) as url:
             vllm = measure(url, "none", POLICY, args)
         say(f"vllm serve: {vllm}")
-        with mint(model, adapter, work) as (url, key):
+        with mint_stack(model, {POLICY: adapter}, work, tag="soc", partitions=1) as m:
             # the first request waits for the engine's start and the adapter
-            mint_figures = measure(url, key, f"{POLICY}@prod", args)
+            mint_figures = measure(m.url, m.key, f"{POLICY}@prod", args)
         say(f"MinT: {mint_figures}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
