@@ -31,11 +31,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import structlog
-from kafka import TopicPartition
+from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
+from kafka.errors import KafkaError
 
 from schemas.settings import MintSettings
 from streams.clients import make_consumer
+from streams.exceptions import KafkaUnavailable
 from streams.polling import CommitOutcome, commit_offsets, poll_records
 from streams.records import (
     ConsumerStats,
@@ -44,6 +46,7 @@ from streams.records import (
     RetryPolicy,
     Stopped,
 )
+from streams.stall import StallWatch, close_quietly, report
 
 log = structlog.get_logger()
 
@@ -77,6 +80,32 @@ class Follower:
         options = {"isolation_level": "read_committed", "client_id": client_id, **options}
         self.consumer = make_consumer(settings, group_id=group_id, **options)
         self.group_id = group_id
+        self._settings, self._options = settings, options
+
+    def renew(self) -> KafkaConsumer:
+        """Replace the client with a new one at the same partitions, positions and pauses, and
+        return it (streams.stall: the old one stopped reading an assigned partition). If no new
+        one can be made now (the broker is away), or a position is not known, the old one stays."""
+        old = self.consumer
+        try:
+            positions = {tp: old.position(tp, timeout_ms=0) for tp in old.assignment()}
+        except KafkaError as e:
+            log.warning("positions unknown; keeping the old consumer", error=str(e))
+            return old
+        if None in positions.values():
+            return old
+        paused = old.paused()
+        try:
+            fresh = make_consumer(self._settings, group_id=self.group_id, **self._options)
+        except KafkaUnavailable as e:
+            log.warning("no new consumer for now; keeping the old one", error=str(e))
+            return old
+        self.consumer = fresh
+        self.assign(positions, positions)
+        if paused:
+            fresh.pause(*paused)
+        close_quietly(old)
+        return fresh
 
     def __enter__(self) -> Follower:
         return self
@@ -176,11 +205,15 @@ class Follower:
         *,
         timeout_ms: int = 200,
         retry_errors: bool = False,
+        stall_limit_s: float = 90.0,
     ) -> Iterator[list[ConsumerRecord]]:
         """Each poll's records for ever (until ``stop`` is set or the caller stops iterating);
         an empty poll yields an empty list. ``retry_errors``: a failed poll is logged and tried
-        again half a second later (the client reconnects by itself) instead of raised."""
+        again half a second later (the client reconnects by itself) instead of raised. A client
+        that stops reading an assigned partition for ``stall_limit_s`` is replaced (:meth:`renew`;
+        streams.stall)."""
         stop = stop or threading.Event()
+        stalls = StallWatch(stall_limit_s)
         while not stop.is_set():
             try:
                 batches = self.consumer.poll(timeout_ms=timeout_ms)
@@ -190,7 +223,12 @@ class Follower:
                 log.warning("reading failed; retrying", error=f"{type(e).__name__}: {e}")
                 stop.wait(0.5)
                 continue
+            found = stalls.check(self.consumer, batches)
             yield [r for records in batches.values() for r in records]
+            if found:  # after this poll's records: the new client goes on past them
+                report(self.consumer.config["client_id"], found)
+                self.renew()
+                stalls.reset()
 
     def commit(self, offsets: dict[TopicPartition, int]) -> CommitOutcome:
         """Keep the position under ``group_id`` (next offset to read per partition)."""

@@ -13,6 +13,9 @@ Each record goes through ``streams.records`` (retries, outages waited out, dead 
   Records of one partition are handled in order, one at a time.
 - While an outage is waited out the partitions are paused and the consumer keeps polling: it
   stays in its group (no rebalance storm) and fetches nothing new.
+- An owned partition that the client stops reading (kafka-python 3.0.x; streams.stall) gets
+  this loop a new consumer after 90 s, as a restart would: it rejoins and reads on from the
+  committed offsets.
 - A commit the broker cannot take now is tried again at the next poll. A member whose commits
   the group refuses for a minute on end fell out of it without rejoining: it raises
   ``OutOfGroup`` and its process exits, so that a restart rejoins instead of a zombie answering
@@ -38,6 +41,7 @@ from schemas.settings import MintSettings
 from streams import health
 from streams.clients import make_consumer
 from streams.deferred import DeferredWork
+from streams.exceptions import KafkaUnavailable
 from streams.follower import Follower, Since
 from streams.metrics import ConsumerGauges
 from streams.polling import MembershipWatch, commit_offsets, poll_records
@@ -50,6 +54,7 @@ from streams.records import (
     RunHandler,
     Stopped,
 )
+from streams.stall import Stall, StallWatch, close_quietly, report
 from streams.topics import topic_for
 
 log = structlog.get_logger()
@@ -80,6 +85,9 @@ class ConsumerLoop:
     each key's records of a poll at once, decoded, for work done better together (a policy's
     consecutive exports in one lightweight transaction); if it raises, that run is handled one
     record at a time.
+
+    ``stall_limit_s``: how long an owned partition may go unread before the loop replaces its
+    consumer (streams.stall).
     """
 
     def __init__(
@@ -97,6 +105,7 @@ class ConsumerLoop:
         follow_from_ms: int | None = None,
         parallel_keys: int = 1,
         run_handler: RunHandler | None = None,
+        stall_limit_s: float = 90.0,
         **consumer_options: Any,
     ) -> None:
         if parallel_keys > 1 and deferred is not None:
@@ -140,14 +149,15 @@ class ConsumerLoop:
         # 10 s (not kafka-python's 45 s) so a crashed worker's partitions move on soon; a worker
         # restarted with the same ``group_instance_id`` (static membership) takes them back.
         options = {"isolation_level": "read_committed", "client_id": group_id, **consumer_options}
+        self._settings, self._options = settings, {"session_timeout_ms": 10_000, **options}
+        self._stalls = StallWatch(stall_limit_s)
+        self._follower: Follower | None = None
         try:
             if self.grouped:
-                self.consumer = make_consumer(
-                    settings, group_id=group_id, **{"session_timeout_ms": 10_000, **options}
-                )
+                self.consumer = make_consumer(settings, group_id=group_id, **self._options)
             else:
                 options.pop("session_timeout_ms", None)  # no group, no session
-                follower = Follower(settings, **options)
+                follower = self._follower = Follower(settings, **options)
                 self.consumer = follower.consumer
         except BaseException:
             self._loop.close()
@@ -157,7 +167,7 @@ class ConsumerLoop:
             if not self.consumer.partitions_for_topic(name):
                 log.warning("topic has no partitions yet; create it with ensure_topics", topic=name)
         if self.grouped:
-            self.consumer.subscribe(self.names, listener=_Listener(self))
+            self.consumer.subscribe(self.names, listener=_Listener(self, self.consumer))
         else:
             follower.assign(follower.partitions(*self.names), Since(follow_from_ms))
         log.info("consumer started", topics=self.names, group=group_id if self.grouped else None)
@@ -245,6 +255,13 @@ class ConsumerLoop:
         Returns how many records it finished. Raises Stopped when stop is set during a wait
         (nothing more is committed)."""
         batches = poll_records(self.consumer, timeout_ms, max_records)
+        stalls = self._stalls.check(self.consumer, batches)
+        done = self._handle_poll(batches)
+        if stalls:  # after this poll's records were handled and committed
+            self._replace_consumer(stalls)
+        return done
+
+    def _handle_poll(self, batches: dict[TopicPartition, list[ConsumerRecord]]) -> int:
         before = self.stats.records
         if self._pool is not None and batches:
             try:
@@ -271,10 +288,29 @@ class ConsumerLoop:
                         self._next[tp] = nxt
         finally:
             self._commit_ready()
-        self._gauges.update(
-            self.consumer, self.deferred.held
-        )  # at most once a second; no broker call
+        self._gauges.update(self.consumer, self.deferred.held)  # at most 1/s; no broker call
         return self.stats.records - before
+
+    def _replace_consumer(self, stalls: list[Stall]) -> None:
+        """Close the consumer and make a new one, as a restarted worker would: it rejoins the
+        group and reads on from the committed offsets (held work is dropped and redelivered;
+        answered requests are skipped); without a group it goes on from the same positions.
+        If no new one can be made now (the broker is away), the old one stays and is watched
+        again."""
+        report(self.group_id, stalls)
+        self._stalls.reset()
+        if self._follower is not None:
+            self.consumer = self._follower.renew()
+            return
+        try:
+            fresh = make_consumer(self._settings, group_id=self.group_id, **self._options)
+        except KafkaUnavailable as e:
+            log.warning("no new consumer for now; keeping the old one", error=str(e))
+            return
+        close_quietly(self.consumer)
+        self._lose(set(self._owned))
+        self.consumer = fresh
+        fresh.subscribe(self.names, listener=_Listener(self, fresh))
 
     def _process_by_key(self, batches: dict[TopicPartition, list[ConsumerRecord]]) -> None:
         """A poll's records, each key's in order, different keys on the pool's threads: a key
@@ -348,19 +384,28 @@ def _serialized(fn: Callable[[bool], None]) -> Callable[[bool], None]:
 
 
 class _Listener(ConsumerRebalanceListener):
-    def __init__(self, loop: ConsumerLoop) -> None:
-        self.loop = loop
+    """The loop's rebalance callbacks for one consumer: those of a consumer the loop replaced
+    (closing, it revokes its partitions) no longer touch the loop."""
+
+    def __init__(self, loop: ConsumerLoop, consumer: Any) -> None:
+        self.loop, self.consumer = loop, consumer
+
+    def _current(self) -> bool:
+        return self.loop.consumer is self.consumer
 
     def on_partitions_revoked(self, revoked) -> None:
         # What is really lost shows in the next assignment; the host finishes what it has
         # running first (DeferredWork.before_rebalance), before this member rejoins.
-        self.loop.deferred.rebalancing()
+        if self._current():
+            self.loop.deferred.rebalancing()
 
     def on_partitions_lost(self, lost) -> None:  # evicted from the group: gone for sure
-        self.loop._lose(set(lost))
+        if self._current():
+            self.loop._lose(set(lost))
 
     def on_partitions_assigned(self, assigned) -> None:
-        self.loop._assigned(set(assigned))
+        if self._current():
+            self.loop._assigned(set(assigned))
 
 
 def hold_all(loops: Callable[[], Iterable[ConsumerLoop]]) -> Callable[[bool], None]:

@@ -13,7 +13,9 @@ fixed set of topics), ``outcome`` and ``reason`` are closed sets (``reason`` is
   (the broker's high watermark minus the consumer's position, refreshed at most once a second
   from what the last fetch said: no extra request to the broker);
 - ``mint_consumer_held_records{group}``: records read but held uncommitted until their work is
-  done (a serving request waiting for its cold load).
+  done (a serving request waiting for its cold load);
+- ``mint_consumer_restarts_total{group,reason}``: consumers a loop replaced because a partition
+  stalled (streams.stall; ``reason`` never_fetched or not_handed_out).
 
 (``mint_consumer_waiting_out_outage{group}`` is in streams.health.)
 """
@@ -45,6 +47,11 @@ LAG = Gauge(
     "mint_consumer_lag_records",
     "records on the partition that the consumer has not read yet (high watermark - position)",
     ["group", "topic", "partition"],
+)
+RESTARTS = Counter(
+    "mint_consumer_restarts",
+    "consumers a loop closed and made again because an owned partition stalled",
+    ["group", "reason"],
 )
 HELD = Gauge(
     "mint_consumer_held_records",

@@ -1,0 +1,145 @@
+"""Notice an assigned partition that the consumer stopped reading, so the loop can start over.
+
+kafka-python 3.0.x sometimes keeps a partition assigned yet never hands out its records until
+the next rebalance (dpkp/kafka-python#3106, #3131). In MinT's suite it hit one worker in 2 of 3
+runs: a controller that never answered a promote, a trainer that never received its update, an
+engine that answered nothing for 5 minutes. Nothing in the client reports it, so the loop
+watches each partition it owns from what the client already knows locally (no broker call):
+
+- **never fetched**: no fetch response has carried the partition's high watermark for
+  ``limit_s`` since it was assigned (or resumed);
+- **not handed out**: the high watermark is ahead of the position and the position has not
+  moved for ``limit_s`` while polls went on.
+
+A paused partition (an outage waited out) is not watched. ``limit_s`` (90 s) is past
+kafka-python's transaction timeout (60 s): a ``read_committed`` consumer stops at an open
+transaction of a producer that died, until the broker aborts it. What the loop does about a
+stall (a new client, as after a restart) is in streams.group (a group member rejoins and
+reads on from the committed offsets) and streams.follower (a follower goes on from the same
+positions).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import structlog
+from kafka import KafkaConsumer, TopicPartition
+from kafka.errors import KafkaError
+
+from streams.metrics import RESTARTS
+
+log = structlog.get_logger()
+
+
+@dataclass
+class _Seen:
+    since: float  # when the partition last made progress (or was assigned, or resumed)
+    position: int | None = None
+
+
+@dataclass(frozen=True)
+class Stall:
+    partition: TopicPartition
+    reason: str  # "never_fetched" | "not_handed_out"
+    for_s: float
+    position: int | None
+    highwater: int | None
+
+    def describe(self) -> str:
+        tp = f"{self.partition.topic}[{self.partition.partition}]"
+        if self.reason == "never_fetched":
+            return f"{tp}: assigned {self.for_s:.0f} s ago and never fetched"
+        return (
+            f"{tp}: position {self.position} behind high watermark {self.highwater}, "
+            f"unmoved for {self.for_s:.0f} s"
+        )
+
+
+class StallWatch:
+    """Per owned partition, when it last made progress; :meth:`check` after each poll."""
+
+    # A gap this long between two checks is the host busy in a handler (a training step),
+    # not the client stalling: that time is not counted.
+    BUSY_GAP_S = 5.0
+
+    def __init__(
+        self,
+        limit_s: float = 90.0,
+        every_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.limit_s, self.every_s, self.clock = limit_s, every_s, clock
+        self._seen: dict[TopicPartition, _Seen] = {}
+        self._last: float | None = None
+        self._due = 0.0
+        self._returned: set[TopicPartition] = set()  # since the last look
+
+    def reset(self) -> None:
+        """A new consumer (or assignment): every partition starts its clock again."""
+        self._seen.clear()
+        self._returned.clear()
+
+    def check(
+        self, consumer: KafkaConsumer, returned: Iterable[TopicPartition] = ()
+    ) -> list[Stall]:
+        """The owned partitions that stalled, given the ones this poll returned records of.
+        Looks at the client at most every ``every_s`` (a poll may take a millisecond)."""
+        now = self.clock()
+        if self._last is not None and now - self._last > self.BUSY_GAP_S:
+            for seen in self._seen.values():
+                seen.since += now - self._last
+        self._last = now
+        self._returned.update(returned)
+        if now < self._due:
+            return []
+        self._due = now + self.every_s
+        returned, self._returned = self._returned, set()
+        owned = set(consumer.assignment())
+        paused = set(consumer.paused())
+        for tp in set(self._seen) - owned:
+            del self._seen[tp]
+        for tp in paused:  # an outage waited out: nothing is expected of it
+            self._seen.pop(tp, None)
+        stalls = []
+        for tp in owned - paused:
+            seen = self._seen.get(tp)
+            if seen is None:
+                self._seen[tp] = _Seen(since=now)
+                continue
+            try:
+                high = consumer.highwater(tp)
+                position = consumer.position(tp, timeout_ms=0) if high is not None else None
+            except KafkaError:  # revoked meanwhile: the next check forgets it
+                continue
+            moved = position is not None and position != seen.position
+            caught_up = high is not None and position is not None and position >= high
+            if tp in returned or moved or caught_up:
+                seen.since, seen.position = now, position
+                continue
+            waited = now - seen.since
+            if waited >= self.limit_s:
+                reason = "never_fetched" if high is None else "not_handed_out"
+                stalls.append(Stall(tp, reason, waited, position, high))
+        return stalls
+
+
+def report(reader: str, stalls: list[Stall]) -> None:
+    """Log the stalls and count the replacement they cause (``mint_consumer_restarts_total``)."""
+    log.error(
+        "consumer stopped reading an owned partition; replacing it",
+        reader=reader,
+        stalls=[s.describe() for s in stalls],
+    )
+    for reason in {s.reason for s in stalls}:
+        RESTARTS.labels(reader, reason).inc()
+
+
+def close_quietly(consumer: KafkaConsumer) -> None:
+    """Close a replaced client within 5 s; a wedged one is left to the garbage collector."""
+    try:
+        consumer.close(autocommit=False, timeout_ms=5_000)
+    except Exception as e:
+        log.warning("a replaced consumer did not close cleanly", error=f"{type(e).__name__}: {e}")

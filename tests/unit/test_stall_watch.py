@@ -1,0 +1,112 @@
+"""streams.stall: which owned partitions count as stalled (the client's state faked; the
+replacement of a stalled consumer runs against real Kafka in
+tests/integration/streams/test_stalled_consumer.py)."""
+
+from __future__ import annotations
+
+import pytest
+from kafka import TopicPartition
+
+from streams.stall import StallWatch
+
+pytestmark = pytest.mark.unit
+
+TP0, TP1 = TopicPartition("mint.t", 0), TopicPartition("mint.t", 1)
+
+
+class FakeConsumer:
+    def __init__(self, *owned: TopicPartition) -> None:
+        self.owned = set(owned)
+        self.paused_tps: set[TopicPartition] = set()
+        self.high: dict[TopicPartition, int | None] = dict.fromkeys(owned)
+        self.pos: dict[TopicPartition, int | None] = dict.fromkeys(owned)
+
+    def assignment(self):
+        return set(self.owned)
+
+    def paused(self):
+        return set(self.paused_tps)
+
+    def highwater(self, tp):
+        return self.high[tp]
+
+    def position(self, tp, timeout_ms=None):
+        return self.pos[tp]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def polls(watch: StallWatch, consumer: FakeConsumer, clock: Clock, seconds: float, returned=()):
+    """Check after a poll every second for ``seconds``; the last check's stalls."""
+    stalls = []
+    for _ in range(int(seconds)):
+        clock.now += 1
+        stalls = watch.check(consumer, returned)
+    return stalls
+
+
+def test_a_partition_never_fetched_stalls_after_the_limit() -> None:
+    clock, consumer = Clock(), FakeConsumer(TP0)
+    watch = StallWatch(limit_s=90, clock=clock)
+    assert polls(watch, consumer, clock, 89) == []
+    [stall] = polls(watch, consumer, clock, 2)
+    assert (stall.partition, stall.reason) == (TP0, "never_fetched")
+    assert "never fetched" in stall.describe()
+
+
+def test_a_position_behind_the_high_watermark_that_never_moves_stalls() -> None:
+    clock, consumer = Clock(), FakeConsumer(TP0, TP1)
+    consumer.high.update({TP0: 10, TP1: 5})
+    consumer.pos.update({TP0: 3, TP1: 5})  # TP1 caught up: nothing to read is no stall
+    watch = StallWatch(limit_s=90, clock=clock)
+    [stall] = polls(watch, consumer, clock, 95)
+    assert (stall.partition, stall.reason, stall.position, stall.highwater) == (
+        TP0,
+        "not_handed_out",
+        3,
+        10,
+    )
+    assert "position 3 behind high watermark 10" in stall.describe()
+
+
+def test_progress_records_returned_or_a_moving_position_restart_the_clock() -> None:
+    clock, consumer = Clock(), FakeConsumer(TP0)
+    consumer.high[TP0], consumer.pos[TP0] = 100, 0
+    watch = StallWatch(limit_s=90, clock=clock)
+    assert polls(watch, consumer, clock, 80) == []
+    consumer.pos[TP0] = 1  # a record was read
+    assert polls(watch, consumer, clock, 80) == []
+    assert polls(watch, consumer, clock, 80, returned=[TP0]) == []
+    assert polls(watch, consumer, clock, 89) == []
+    assert polls(watch, consumer, clock, 2) != []  # 91 s since the last records
+
+
+def test_paused_partitions_and_busy_handlers_are_not_stalls() -> None:
+    clock, consumer = Clock(), FakeConsumer(TP0)
+    watch = StallWatch(limit_s=90, clock=clock)
+    consumer.paused_tps = {TP0}  # an outage waited out
+    assert polls(watch, consumer, clock, 200) == []
+    consumer.paused_tps = set()
+    assert polls(watch, consumer, clock, 60) == []
+    clock.now += 600  # a 10-minute training step between two polls
+    assert polls(watch, consumer, clock, 1) == []
+    assert polls(watch, consumer, clock, 29) == []  # 89 s of polling since it was resumed
+    assert polls(watch, consumer, clock, 2) != []
+
+
+def test_a_partition_that_left_the_assignment_is_forgotten_and_reset_clears_all() -> None:
+    clock, consumer = Clock(), FakeConsumer(TP0)
+    watch = StallWatch(limit_s=90, clock=clock)
+    polls(watch, consumer, clock, 80)
+    consumer.owned = set()
+    polls(watch, consumer, clock, 1)
+    consumer.owned = {TP0}
+    assert polls(watch, consumer, clock, 80) == []  # assigned again: a new clock
+    watch.reset()
+    assert polls(watch, consumer, clock, 80) == []
