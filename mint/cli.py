@@ -48,7 +48,7 @@ def dev() -> None:
     """Local Kafka 4.4 (KRaft) and Cassandra 5.0 for development and tests.
 
     Jars come from MINT_KAFKA_JARS / MINT_CASSANDRA_JARS, else ../shared/vendor/jvm, else Maven
-    (deploy/local/*-pom.xml). A non-loopback MINT_KAFKA_BOOTSTRAP or MINT_CASSANDRA_HOSTS (or
+    (mint/dev/services/*-pom.xml). A non-loopback MINT_KAFKA_BOOTSTRAP or MINT_CASSANDRA_HOSTS (or
     MINT_KAFKA_EXTERNAL / MINT_CASSANDRA_EXTERNAL=true) names an external cluster: then nothing
     is started and `status` checks that cluster.
     """

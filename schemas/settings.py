@@ -7,6 +7,7 @@ launcher (``mint dev up``); production sets the ``MINT_*`` variables.
 
 from __future__ import annotations
 
+import os
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -18,6 +19,16 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 _MODULE_RE = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+
+
+def mint_home() -> Path:
+    """Where MinT keeps its local state: ``MINT_HOME``; else the checkout's ``.mint`` when MinT
+    runs from its source tree (``make``, an editable install); else ``~/.mint`` (a wheel)."""
+    if home := os.environ.get("MINT_HOME"):
+        return Path(home).expanduser()
+    if (PROJECT_ROOT / "pyproject.toml").is_file() and (PROJECT_ROOT / "mint").is_dir():
+        return PROJECT_ROOT / ".mint"
+    return Path.home() / ".mint"
 
 
 def _secret(value: SecretStr, path: Path | None, name: str) -> str:
@@ -68,9 +79,13 @@ class MintSettings(BaseSettings):
     )
 
     # Files.
-    state_dir: Path = Field(PROJECT_ROOT / ".mint", description="local service data, logs, pids")
+    state_dir: Path = Field(
+        default_factory=mint_home, description="local service data, logs, pids (MINT_HOME)"
+    )
     store_uri: str = Field("", description="adapter store root (file path; s3:// later)")
-    models_dir: Path = Field(PROJECT_ROOT / ".mint" / "models", description="tiny/test models")
+    models_dir: Path = Field(
+        default_factory=lambda: mint_home() / "models", description="tiny/test models"
+    )
     base_model: str = Field("", description="path or id of the base model to serve and train")
 
     # Local launcher.

@@ -6,7 +6,7 @@
 #   start-secure.sh format   formats the storage once, with one SCRAM user per password file
 #   start-secure.sh          the same, then runs the broker
 #
-# Settings as deploy/local/server-secure.properties.in (`mint dev up --secure`): clients log in
+# Settings as mint/dev/services/server-secure.properties.in (`mint dev up --secure`): clients log in
 # with SASL/SCRAM-SHA-256 on :9092; the StandardAuthorizer denies what no ACL allows (the ACLs
 # come from `mint security apply`); `admin` is the super user. The controller listener is
 # PLAINTEXT on loopback only: its ANONYMOUS principal (a super user) is the node itself.

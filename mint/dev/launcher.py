@@ -24,7 +24,10 @@ from schemas.settings import PROJECT_ROOT, MintSettings
 
 log = structlog.get_logger()
 
-DEPLOY_LOCAL = PROJECT_ROOT / "deploy" / "local"
+# The services' config templates ship inside the package (an installed wheel has them too).
+SERVICE_CONFIGS = Path(__file__).resolve().parent / "services"
+# The jars vendored beside a checkout (../shared/vendor/jvm); an installed MinT has none there
+# and uses MINT_KAFKA_JARS / MINT_CASSANDRA_JARS or a Maven-fetched copy under MINT_HOME.
 VENDORED_JVM = PROJECT_ROOT.parent / "shared" / "vendor" / "jvm"
 
 
@@ -139,7 +142,7 @@ def resolve_jars(name: str, settings: MintSettings) -> Path:
 
 def _maven_fetch(name: str, dest: Path) -> Path:
     mvn = shutil.which("mvn")
-    pom = DEPLOY_LOCAL / f"{name}-pom.xml"
+    pom = SERVICE_CONFIGS / f"{name}-pom.xml"
     if not mvn:
         raise LauncherError(
             f"no {name} jars found: set MINT_{name.upper()}_JARS to a folder of jars, "
@@ -168,7 +171,7 @@ def _maven_fetch(name: str, dest: Path) -> Path:
 
 
 def _render(template: str, dest: Path, values: dict[str, str]) -> None:
-    text = (DEPLOY_LOCAL / template).read_text()
+    text = (SERVICE_CONFIGS / template).read_text()
     for key, value in values.items():
         text = text.replace(f"@{key}@", value)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -199,7 +202,7 @@ def _kafka_command(settings: MintSettings, svc: Service, java: str) -> list[str]
     common = [
         "-cp",
         f"{jars}/*",
-        f"-Dlog4j2.configurationFile={DEPLOY_LOCAL / 'log4j2.xml'}",
+        f"-Dlog4j2.configurationFile={SERVICE_CONFIGS / 'log4j2.xml'}",
         f"-Dkafka.logs.dir={svc.log_file.parent}",
     ]
     if not (svc.home / "kafka-data" / "meta.properties").exists():
@@ -255,7 +258,7 @@ def _cassandra_command(settings: MintSettings, svc: Service, java: str) -> list[
                 "authorizer:\n  class_name: CassandraAuthorizer\n"
                 "role_manager:\n  class_name: CassandraRoleManager\n"
             )
-    jvm_opts = (DEPLOY_LOCAL / "jvm17.options").read_text().split()
+    jvm_opts = (SERVICE_CONFIGS / "jvm17.options").read_text().split()
     jamm = sorted(jars.glob("jamm-*.jar"))
     heap = f"{settings.cassandra_heap_mb}m"
     return [
@@ -269,7 +272,7 @@ def _cassandra_command(settings: MintSettings, svc: Service, java: str) -> list[
         "-Dcassandra-foreground=yes",
         f"-Dcassandra.storagedir={svc.home}",
         f"-Dcassandra.logdir={svc.log_file.parent}",
-        f"-Dlogback.configurationFile={DEPLOY_LOCAL / 'logback.xml'}",
+        f"-Dlogback.configurationFile={SERVICE_CONFIGS / 'logback.xml'}",
         "-cp",
         f"{jars}/*",
         "org.apache.cassandra.service.CassandraDaemon",

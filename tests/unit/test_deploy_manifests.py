@@ -38,7 +38,7 @@ CREDENTIAL_KEYS = {
     "MINT_CASSANDRA_PASSWORD_FILE",
 }
 SECRET_NAME = "mint-credentials"  # the k8s Secret `kubectl create secret generic` makes
-# broker settings that must equal `mint dev up --secure`'s (deploy/local/)
+# broker settings that must equal `mint dev up --secure`'s (mint/dev/services/)
 BROKER_SECURITY_KEYS = (
     "controller.listener.names",
     "inter.broker.listener.name",
@@ -513,7 +513,7 @@ def test_kafka_start_script_formats_scram_users_once_with_the_secure_config(tmp_
     assert (tmp_path / "started").read_text().split() == [str(conf / "server.properties")]
 
     props = _properties((conf / "server.properties").read_text())
-    local = _properties((DEPLOY / "local" / "server-secure.properties.in").read_text())
+    local = _properties((ROOT / "mint" / "dev" / "services" / "server-secure.properties.in").read_text())
     assert {k: props[k] for k in BROKER_SECURITY_KEYS} == {
         k: local[k] for k in BROKER_SECURITY_KEYS
     }
