@@ -254,7 +254,11 @@ class ConsumerLoop:
         """One poll: handle its records, run the deferred work's ``before_commit``, commit.
         Returns how many records it finished. Raises Stopped when stop is set during a wait
         (nothing more is committed)."""
-        batches = poll_records(self.consumer, timeout_ms, max_records)
+        health.polling(self.group_id, True)
+        try:
+            batches = poll_records(self.consumer, timeout_ms, max_records)
+        finally:
+            health.polling(self.group_id, False)
         stalls = self._stalls.check(self.consumer, batches)
         done = self._handle_poll(batches)
         if stalls:  # after this poll's records were handled and committed

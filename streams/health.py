@@ -3,8 +3,11 @@
 One port per process (``MINT_METRICS_PORT``; off when unset):
 
 - ``/healthz``: 200 while the process runs (a liveness probe: an outage of Kafka, Cassandra or the
-  store is waited out, so it is no reason to restart the worker). The JSON body names each
-  consumer group and whether it is waiting out an outage, and since when.
+  store is waited out, so it is no reason to restart the worker), 503 once a consumer's
+  ``poll()`` has not returned for ``STUCK_POLL_S``: a client wedged inside itself, which nothing
+  in the process can undo (a stall the loop can see is fixed in place: streams.stall). The JSON
+  body names each consumer group, whether it is waiting out an outage and since when, and how
+  long its poll has been running.
 - ``/readyz``: 503 while any of its consumer loops waits out a transient failure (its partitions
   paused), 200 otherwise: a readiness probe, and what an operator's dashboard shows.
 - ``/metrics``: every metric of the process's default registry (prometheus_client's
@@ -29,8 +32,14 @@ WAITING = Gauge(
     ["group"],
 )
 
+# A poll returns within its timeout plus a rebalance (seconds); 2 minutes in one is a client
+# wedged inside itself.
+STUCK_POLL_S = 120.0
+
 _lock = threading.Lock()
 _waiting_since: dict[str, float] = {}  # group -> wall time the outage began
+_polling_since: dict[str, float] = {}  # group -> _clock() when its running poll began
+_clock = time.monotonic
 _groups: set[str] = set()
 _servers: dict[int, ThreadingHTTPServer] = {}
 
@@ -52,17 +61,34 @@ def waiting(group: str, is_waiting: bool) -> None:
     WAITING.labels(group).set(1 if is_waiting else 0)
 
 
+def polling(group: str, running: bool) -> None:
+    """Mark ``group``'s ``poll()`` as running (True, before the call) or returned (False)."""
+    with _lock:
+        if running:
+            _polling_since[group] = _clock()
+        else:
+            _polling_since.pop(group, None)
+
+
 def report() -> dict:
+    now = _clock()
     with _lock:
         groups = {
             g: {
                 "waiting_out_outage": g in _waiting_since,
                 "waiting_since": _waiting_since.get(g),
+                "polling_for_s": round(now - _polling_since[g], 1) if g in _polling_since else None,
             }
             for g in sorted(_groups)
         }
-    ready = not any(v["waiting_out_outage"] for v in groups.values())
-    return {"status": "ready" if ready else "waiting_out_outage", "groups": groups}
+    stuck = sorted(g for g, v in groups.items() if (v["polling_for_s"] or 0) > STUCK_POLL_S)
+    if stuck:
+        status = "stuck_in_poll"
+    elif any(v["waiting_out_outage"] for v in groups.values()):
+        status = "waiting_out_outage"
+    else:
+        status = "ready"
+    return {"status": status, "groups": groups, "stuck": stuck}
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -72,7 +98,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
         elif path in ("/healthz", "/readyz"):
             body = report()
-            code = 503 if path == "/readyz" and body["status"] != "ready" else 200
+            alive = body["status"] != "stuck_in_poll"
+            code = 200 if (alive if path == "/healthz" else body["status"] == "ready") else 503
             self._send(code, json.dumps(body).encode(), "application/json")
         else:
             self._send(404, b'{"error": "try /metrics, /healthz or /readyz"}', "application/json")

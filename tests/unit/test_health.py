@@ -32,3 +32,20 @@ def test_readyz_is_503_while_a_group_waits_out_an_outage_and_healthz_stays_200()
     health.waiting("unit-health", False)
     assert get(port, "/readyz")[0] == 200
     assert get(port, "/nope")[0] == 404
+
+
+def test_healthz_is_503_once_a_poll_has_not_returned_for_two_minutes(monkeypatch) -> None:
+    port = health.serve(0)
+    health.register("unit-stuck")
+    clock = [1000.0]
+    monkeypatch.setattr(health, "_clock", lambda: clock[0])
+    health.polling("unit-stuck", True)
+    clock[0] += 60  # a long poll (a rebalance) is no reason to restart
+    assert get(port, "/healthz")[0] == 200
+    clock[0] += health.STUCK_POLL_S
+    code, body = get(port, "/healthz")
+    assert code == 503 and body["status"] == "stuck_in_poll" and body["stuck"] == ["unit-stuck"]
+    assert body["groups"]["unit-stuck"]["polling_for_s"] == 180.0
+    assert get(port, "/readyz")[0] == 503
+    health.polling("unit-stuck", False)  # it returned: alive again
+    assert get(port, "/healthz")[0] == 200
