@@ -55,6 +55,8 @@ class Revision:
     created_by: str
     source_event_id: uuid.UUID | None
     metadata: dict = field(default_factory=dict, compare=False)
+    # What its training measured (TrainingFigures.figures(): steps, loss, reward…); {} if unknown.
+    training: dict[str, float] = field(default_factory=dict, compare=False)
     # True only on the call that created it (False for an idempotent repeat).
     is_new: bool = field(default=False, compare=False)
     null_as: ClassVar[dict[str, Any]] = {"created_by": ""}
@@ -80,6 +82,28 @@ class Registration:
     revision: int | None = None
     by: str = ""
     at: datetime | None = None
+    training: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The latest ``eval.completed`` of a revision on one suite: its metrics, the thresholds
+    applied (JSON text of {metric: {min, max}}), the verdict, or why it was refused."""
+
+    tenant: str
+    policy: str
+    revision: int
+    suite: str
+    digest: str
+    metrics: dict[str, float]
+    thresholds: dict
+    passed: bool
+    failures: list[str]
+    refused: str | None
+    evaluated_at: datetime
+    evaluated_by: str
+    event_id: uuid.UUID | None
+    null_as: ClassVar[dict[str, Any]] = {"evaluated_by": "", "passed": False}
 
 
 @dataclass(frozen=True)
@@ -181,6 +205,9 @@ def _plan(cls: type) -> list[tuple[str, Callable[[Any], Any]]]:
         ann = str(f.type)
         if "datetime" in ann:
             conv = aware
+        elif ann.startswith(("dict[", "list[")):  # a CQL map or list: null when empty
+            conv = dict if ann.startswith("dict") else list
+            conv = _collection(conv)
         elif ann == "dict":
             conv = _json
         elif ann == "bytes":
@@ -198,12 +225,16 @@ def _json(v: str | None) -> dict:
     return json.loads(v) if v else {}
 
 
+def _collection(kind: type) -> Callable[[Any], Any]:
+    return lambda v: kind(v) if v else kind()
+
+
 def _or(default: Any) -> Callable[[Any], Any]:
     return lambda v: v or default
 
 
 def from_row(cls: type[T], row: Any) -> T:
-    """The model ``cls`` (Policy, Revision, Alias, AliasMove, TenantAccess, ApiKey) of a
+    """The model ``cls`` (Policy, Revision, Alias, AliasMove, Evaluation, …) of a
     Cassandra row whose columns are named as its fields: one reading of rows for every table."""
     plan = _PLANS.get(cls) or _plan(cls)
     return cls(*[conv(getattr(row, name)) for name, conv in plan])

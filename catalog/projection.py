@@ -6,9 +6,11 @@ so a crash between the write and the ``applied_events`` row repeats nothing. Eve
 from the event (``occurred_at``), never the wall clock, so replaying the log into an empty
 keyspace yields the same rows as the live catalog.
 
-``export.completed`` registers a revision (creating the policy on its first export);
-``alias.moved`` records the move. Other types are ignored. ``apply_events`` applies one policy's
-run of events at once (the projector's poll): consecutive exports in one lightweight transaction. Promote and rollback *commands* are
+``export.completed`` registers a revision (creating the policy on its first export) with its
+training figures; ``alias.moved`` records the move; ``eval.completed`` records the revision's
+result on its suite (refused for an unknown revision or another digest). Other types are
+ignored. ``apply_events`` applies one policy's run of events at once (the projector's poll):
+consecutive exports in one lightweight transaction. Promote and rollback *commands* are
 executed by :func:`execute_serving_command`, which returns the ``alias.moved`` fact to publish.
 """
 
@@ -26,11 +28,17 @@ from catalog.models import Registration, Revision, revision_metadata
 from catalog.refs import Ref
 from catalog.repository import CatalogRepository
 from schemas import Envelope, make_event
-from schemas.events import AliasMoved, ExportCompleted, PromoteCommand, RollbackCommand
+from schemas.events import (
+    AliasMoved,
+    EvalCompleted,
+    ExportCompleted,
+    PromoteCommand,
+    RollbackCommand,
+)
 
 log = structlog.get_logger()
 
-PROJECTED_TYPES = (ExportCompleted.event_type, AliasMoved.event_type)
+PROJECTED_TYPES = (ExportCompleted.event_type, AliasMoved.event_type, EvalCompleted.event_type)
 # AliasMoved ids derive from their command's id, so a redelivered command re-emits the same fact.
 _MOVE_NS = uuid.UUID("5b0f2a9e-3c1d-4e7a-9f1b-6d2c8a4e0b17")
 
@@ -48,12 +56,10 @@ def apply_event(repo: CatalogRepository, env: Envelope[Any]) -> Outcome:
         return Outcome.IGNORED
     if repo.is_applied(env.event_id):
         return Outcome.DUPLICATE
-    p = env.payload
-    revision = None
-    if isinstance(p, ExportCompleted):
+    if isinstance(env.payload, ExportCompleted):
         revision = _apply_exports(repo, [env])[0].revision
-    elif isinstance(p, AliasMoved):
-        revision = _apply_alias_moved(repo, env, p)
+    else:
+        revision = _apply_one(repo, env)
     repo.record_applied(
         env.event_id, env.type, env.tenant, env.policy, revision=revision, at=env.occurred_at
     )
@@ -86,7 +92,7 @@ def apply_events(repo: CatalogRepository, envs: Sequence[Envelope[Any]]) -> list
             revisions = [r.revision for r in _apply_exports(repo, stretch)]
         else:
             stretch = [env]
-            revisions = [_apply_alias_moved(repo, env, env.payload)]
+            revisions = [_apply_one(repo, env)]
         for e, revision in zip(stretch, revisions, strict=True):
             seen.add(e.event_id)
             applied.append(
@@ -140,7 +146,37 @@ def _registration(env: Envelope[Any], p: ExportCompleted) -> Registration:
         revision=p.revision,
         by=env.producer,
         at=env.occurred_at,
+        training=p.training.figures() if p.training is not None else {},
     )
+
+
+def _apply_one(repo: CatalogRepository, env: Envelope[Any]) -> int:
+    """A projected event other than an export; returns the revision it concerns."""
+    p = env.payload
+    if isinstance(p, AliasMoved):
+        return _apply_alias_moved(repo, env, p)
+    if isinstance(p, EvalCompleted):
+        return _apply_eval_completed(repo, env, p)
+    raise TypeError(f"{env.type!r} is not projected")  # PROJECTED_TYPES and this disagree
+
+
+def _apply_eval_completed(repo: CatalogRepository, env: Envelope[Any], p: EvalCompleted) -> int:
+    repo.record_evaluation(
+        env.tenant,
+        env.policy,
+        p.revision,
+        digest=p.adapter_digest,
+        suite=p.suite,
+        metrics=p.metrics,
+        thresholds={k: t.model_dump(exclude_none=True) for k, t in p.thresholds.items()},
+        passed=p.passed,
+        failures=p.failures,
+        refused=p.refused,
+        at=env.occurred_at,
+        by=env.producer,
+        event_id=env.event_id,
+    )
+    return p.revision
 
 
 def _apply_alias_moved(repo: CatalogRepository, env: Envelope[Any], p: AliasMoved) -> int:

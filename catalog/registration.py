@@ -24,6 +24,7 @@ older build's claim: resumed by its own registrant, taken over once it is ``CLAI
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ class _Export:
     claim: uuid.UUID
     at: datetime
     meta: str
+    training: dict[str, float]
 
 
 class Registrar:
@@ -91,8 +93,8 @@ class Registrar:
         )
         self.write_revision = q(
             f"INSERT INTO {ks}.revisions (tenant, policy, revision, digest, store_uri, base_model, "
-            "parent_revision, created_at, created_by, source_event_id, metadata) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            "parent_revision, created_at, created_by, source_event_id, metadata, training) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         )
 
     # ------------------------------------------------------------------ entry
@@ -277,6 +279,7 @@ class Registrar:
                 e.reg.by,
                 _unset(e.reg.source_event_id),
                 e.meta,
+                _unset(e.training or None),
             )
             for number, e in numbered
         ]
@@ -304,6 +307,7 @@ class Registrar:
                 reg.by,
                 reg.source_event_id,
                 json.loads(e.meta),
+                dict(e.training),
                 is_new=True,
             )
             if record:
@@ -335,7 +339,8 @@ class Registrar:
                 f"{pol.base_model!r}: export against the policy's base model"
             )
         meta = json.dumps(reg.metadata or {}, sort_keys=True, separators=(",", ":"))
-        return _Export(reg, reg.source_event_id or uuid.uuid4(), utc(reg.at), meta)
+        training = _figures(reg.training)
+        return _Export(reg, reg.source_event_id or uuid.uuid4(), utc(reg.at), meta, training)
 
     def _parents_exist(self, tenant, policy, regs: Sequence[Registration]) -> bool:
         """Each parent is the number before its export (the batch's counter condition proves
@@ -381,6 +386,24 @@ def _state(rows: list) -> _Known:
     if not rows or "latest_revision" not in rows[0]._fields:
         return None, {}
     return rows[0].latest_revision, {r.digest: r for r in rows if r.digest is not None}
+
+
+def _figures(training: dict[str, float] | None) -> dict[str, float]:
+    """A registration's training figures as stored: finite doubles by name (the event's model
+    keeps NaN out; this guards the direct callers too)."""
+    out = {}
+    for name, value in (training or {}).items():
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = math.nan
+        if not isinstance(name, str) or not name or not math.isfinite(number):
+            raise InvalidReference(
+                f"training figure {name!r} = {value!r} is not a finite number: give finite "
+                "numbers by name (steps, tokens, loss, reward, learning_rate) or leave it out"
+            )
+        out[name] = number
+    return out
 
 
 def _unset(value):

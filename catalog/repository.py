@@ -30,6 +30,7 @@ from catalog.aliases import (
 )
 from catalog.applied import APPLIED_STATEMENTS, AppliedEvents
 from catalog.cluster import Statements
+from catalog.evaluations import EVALUATION_FIELDS, EVALUATION_STATEMENTS, RevisionEvaluations
 from catalog.exceptions import (
     AliasNotFound,
     Conflict,
@@ -46,7 +47,7 @@ from catalog.registration import Registrar
 
 _REVISION_COLS = (
     "tenant, policy, revision, digest, store_uri, base_model, parent_revision, created_at, "
-    "created_by, source_event_id, metadata"
+    "created_by, source_event_id, metadata, training"
 )
 _STATEMENTS = {
     "_get_policy": "SELECT * FROM {ks}.policies WHERE tenant = ? AND policy = ?",
@@ -73,20 +74,26 @@ _CONDITIONAL = {
 }
 
 
-class CatalogRepository(AliasMoves, AppliedEvents):
+class CatalogRepository(AliasMoves, AppliedEvents, RevisionEvaluations):
     """All catalog reads and writes for one keyspace. Thread-safe (the driver session is).
 
     Policies, revisions and resolution are here; alias moves and history in
-    ``catalog/aliases.py``, the applied-events rows in ``catalog/applied.py`` (mixed in: one
+    ``catalog/aliases.py``, evaluation results in ``catalog/evaluations.py``, the
+    applied-events rows in ``catalog/applied.py`` (mixed in: one
     object, one set of statements), registration in ``catalog/registration.py``."""
 
     def __init__(self, session: Session, keyspace: str) -> None:
         self.session = session
         self.keyspace = keyspace
         self._cql = Statements(session, keyspace)
-        fields = {"ks": keyspace, "revision_cols": _REVISION_COLS, **ALIAS_FIELDS}
+        fields = {
+            "ks": keyspace,
+            "revision_cols": _REVISION_COLS,
+            **ALIAS_FIELDS,
+            **EVALUATION_FIELDS,
+        }
         prepare = self._cql.prepare_table
-        for table in (_STATEMENTS, APPLIED_STATEMENTS, ALIAS_STATEMENTS):
+        for table in (_STATEMENTS, APPLIED_STATEMENTS, ALIAS_STATEMENTS, EVALUATION_STATEMENTS):
             prepare(self, table, fields=fields)
         for table in (_CONDITIONAL, ALIAS_CONDITIONAL):
             prepare(self, table, fields=fields, serial=True)
@@ -197,6 +204,7 @@ class CatalogRepository(AliasMoves, AppliedEvents):
         by: str = "",
         at: datetime | None = None,
         source_checked: bool = False,
+        training: dict[str, float] | None = None,
     ) -> Revision:
         """Register an exported adapter as the policy's next revision (tenant and policy as
         decoded from an event: not checked again).
@@ -205,7 +213,8 @@ class CatalogRepository(AliasMoves, AppliedEvents):
         redelivered export returns the revision it created). ``is_new`` tells which happened.
         ``revision`` (e.g. ExportCompleted.revision) demands that exact number: it must be the
         next one, or already hold this digest; anything else is a Conflict. Its applied_events
-        row is written as ``revision.registered``.
+        row is written as ``revision.registered``. ``training``: what the training measured
+        (``TrainingFigures.figures()``), stored with the revision.
         ``source_checked``: the caller just read that ``source_event_id`` was not applied and
         records the event itself (the projection does), so neither is done here.
 
@@ -232,6 +241,7 @@ class CatalogRepository(AliasMoves, AppliedEvents):
             revision,
             by,
             at,
+            training or {},
         )
         (rev,) = self.registrar.register(
             tenant, policy, [reg], record=not source_checked, created=None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from cassandra.cluster import Session
@@ -22,11 +23,20 @@ def dump(
     for table in tables:
         stmt = SimpleStatement(f"SELECT * FROM {keyspace}.{table}", fetch_size=5000)
         out[table] = {
-            tuple(sorted(r._asdict().items()))
+            tuple(sorted((k, _hashable(v)) for k, v in r._asdict().items()))
             for r in session.execute(stmt)
             if tenant is None or r.tenant == tenant
         }
     return out
+
+
+def _hashable(value):
+    """A collection column (map, list, set) as a comparable tuple; other values as read."""
+    if isinstance(value, Mapping):
+        return tuple(sorted(value.items()))
+    if isinstance(value, (list, set, frozenset, tuple)) or type(value).__name__ == "SortedSet":
+        return tuple(value)
+    return value
 
 
 @dataclass

@@ -13,6 +13,7 @@ CATALOG = (
     "aliases",
     "alias_history",
     "applied_events",
+    "revision_evaluations",
 )
 STATE = ("worker_state",)
 ACCESS = ("tenant_access", "api_keys", "api_keys_by_tenant")

@@ -7,6 +7,7 @@ import json
 import sys
 import uuid
 from collections.abc import Callable
+from itertools import islice
 from typing import Any
 
 import click
@@ -17,7 +18,7 @@ from mint.commands.cassandra import catalog_session
 from mint.commands.catalog_import import import_cmd
 from mint.commands.errors import one_line_errors
 from mint.commands.lifecycle import move_alias, print_history
-from mint.commands.listing import output_option, print_rows, text, when
+from mint.commands.listing import output_option
 from schemas.settings import get_settings
 
 console = Console(stderr=True)
@@ -155,35 +156,24 @@ def resolve_cmd(reference: str) -> None:
 @output_option
 @one_line_errors
 def revisions_cmd(policy_id: str, limit: int, output: str) -> None:
-    """List a policy's revisions, newest first."""
-    from catalog.repository import CatalogRepository
+    """List a policy's revisions, newest first, with their aliases, training loss and reward and
+    each suite's evaluation verdict (`mint revision show REF` prints one revision whole)."""
+    from mint.commands import revisions as shown
 
-    settings = get_settings()
-    with catalog_session(settings) as session:
-        repo = CatalogRepository(session, settings.keyspace)
-        rows = []
-        for i, r in enumerate(repo.iter_revisions(*tenant_policy(policy_id))):
-            if i >= limit:
-                break
-            rows.append(
-                {
-                    "revision": r.revision,
-                    "digest": r.digest,
-                    "store_uri": r.store_uri,
-                    "parent_revision": r.parent_revision,
-                    "created_at": r.created_at,
-                    "created_by": r.created_by,
-                }
-            )
-    columns = {
-        "rev": text("revision"),
-        "digest": lambda r: r["digest"][:19] + "…",
-        "store uri": text("store_uri"),
-        "parent": text("parent_revision"),
-        "created": when("created_at"),
-        "by": text("created_by"),
-    }
-    print_rows(out, rows, columns, output)
+    tenant, policy = tenant_policy(policy_id)
+    with shown.catalog_repo() as repo:
+        revs = list(islice(repo.iter_revisions(tenant, policy), limit))
+        aliases: dict[int, list[str]] = {}
+        evaluations = {}
+        if revs:
+            for a in repo.list_aliases(tenant, policy):
+                aliases.setdefault(a.revision, []).append(a.alias)
+            evaluations = repo.evaluations_by_revision(tenant, policy)
+    rows = [
+        shown.revision_row(r, aliases.get(r.revision, []), evaluations.get(r.revision, []))
+        for r in revs
+    ]
+    shown.print_revisions(rows, output, store=True)
 
 
 @catalog.command("history")

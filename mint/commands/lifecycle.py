@@ -18,6 +18,7 @@ from mint.commands.args import tenant_policy
 from mint.commands.errors import one_line_errors
 from mint.commands.inference import infer  # listed here: a policy's verbs stay together
 from mint.commands.listing import output_option, print_rows, text, when
+from mint.commands.revisions import revision  # `mint revision show`: beside `mint revisions`
 from schemas.settings import get_settings
 
 console = Console(stderr=True)
@@ -164,32 +165,22 @@ def policies_configure(
 @output_option
 @one_line_errors
 def revisions(policy_id: str, limit: int, output: str) -> None:
-    """A policy's revisions, newest first, with the aliases that point at them."""
+    """A policy's revisions, newest first, with the aliases that point at them, training loss
+    and reward, and each suite's evaluation verdict (`mint revision show REF`: one, whole)."""
+    from mint.commands.revisions import print_revisions, revision_row
+
     tenant, policy = tenant_policy(policy_id)
     with _client(tenant) as c:
         by_rev: dict[int, list[str]] = {}
         for a in c.aliases(policy):
             by_rev.setdefault(a.revision, []).append(a.alias)
+        revs = c.revisions(policy)[:limit]
+        evaluations = c.evaluations_by_revision(policy) if revs else {}
         rows = [
-            {
-                "revision": r.revision,
-                "digest": r.digest,
-                "parent_revision": r.parent_revision,
-                "aliases": by_rev.get(r.revision, []),
-                "created_at": r.created_at,
-                "created_by": r.created_by,
-            }
-            for r in c.revisions(policy)[:limit]
+            revision_row(r, by_rev.get(r.revision, []), evaluations.get(r.revision, []))
+            for r in revs
         ]
-    columns = {
-        "rev": text("revision"),
-        "digest": lambda r: r["digest"][:19] + "…",
-        "parent": text("parent_revision"),
-        "aliases": lambda r: ", ".join(r["aliases"]),
-        "created": when("created_at"),
-        "by": text("created_by"),
-    }
-    print_rows(out, rows, columns, output)
+    print_revisions(rows, output)
 
 
 @click.command("history")
@@ -352,4 +343,13 @@ def demo(tiny: bool, rounds: int, gate: float | None, as_json: bool, keep_servic
     )
 
 
-COMMANDS: list[click.Command] = [policies, revisions, history, promote, rollback, infer, demo]
+COMMANDS: list[click.Command] = [
+    policies,
+    revisions,
+    revision,
+    history,
+    promote,
+    rollback,
+    infer,
+    demo,
+]

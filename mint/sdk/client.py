@@ -334,7 +334,23 @@ class MintClient(TrainingVerbs):
         return rows[0].revision if rows else None
 
     def revisions(self, policy: str) -> list[Any]:
+        """The policy's revisions, newest first; each carries ``training`` (the figures its
+        training measured: steps, tokens, loss, reward, learning_rate; {} when unknown)."""
         return list(self.catalog.iter_revisions(self.tenant, policy))
+
+    def revision(self, policy: str, revision: int) -> Any:
+        """One revision (``catalog.models.Revision``, with its ``training`` figures)."""
+        return self.catalog.get_revision(self.tenant, policy, revision)
+
+    def evaluations(self, policy: str, revision: int | None = None) -> list[Any]:
+        """The latest evaluation result per (revision, suite) of the policy, or of one
+        revision (``catalog.models.Evaluation``: metrics, thresholds, passed, failures,
+        refused, evaluated_at)."""
+        return self.catalog.evaluations(self.tenant, policy, revision)
+
+    def evaluations_by_revision(self, policy: str) -> dict[int, list[Any]]:
+        """``evaluations`` of the policy grouped by revision number."""
+        return self.catalog.evaluations_by_revision(self.tenant, policy)
 
     def aliases(self, policy: str) -> list[Any]:
         return self.catalog.list_aliases(self.tenant, policy)

@@ -2,7 +2,7 @@
 
 from schemas.events.dead_letter import DeadLetter
 from schemas.events.evaluation import EvalCompleted, EvalRequested, Threshold, threshold_failures
-from schemas.events.export import ExportCompleted
+from schemas.events.export import ExportCompleted, TrainingFigures
 from schemas.events.inference import (
     ChatTurn,
     InferCancel,
@@ -61,6 +61,7 @@ __all__ = [
     "StructuredOutput",
     "Threshold",
     "TrainStepCompleted",
+    "TrainingFigures",
     "TrainStepFailed",
     "TokenLogprob",
     "TopLogprob",

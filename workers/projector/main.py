@@ -34,9 +34,9 @@ from workers.projector import metrics as projector_metrics
 log = structlog.get_logger()
 
 PROJECTOR_GROUP = "catalog-projector"
-# Exports create revisions, alias.moved facts move aliases; both keyed by policy, so one policy's
-# events reach one projector in order.
-PROJECTOR_TOPICS = ("export.events", "serving.events")
+# Exports create revisions, alias.moved facts move aliases, eval.completed results are recorded
+# with their revision; all keyed by policy, so one policy's events reach one projector in order.
+PROJECTOR_TOPICS = ("export.events", "serving.events", "eval.results")
 
 
 def check_schema(session: Session, keyspace: str) -> None:

@@ -2,8 +2,10 @@
 (a ``streams.follower.Follower``).
 
 Topics are read one after the other, each up to the end offsets seen when reading starts: all
-exports before any alias move, which is a valid order because an alias can only point at a
-revision exported earlier, and each policy's events stay in order within their partition.
+exports before any alias move or evaluation result, which is a valid order because an alias can
+only point at, and an evaluation only score, a revision exported earlier; each policy's events
+stay in order within their partition (and of two results of one suite the later one wins by its
+time, ``catalog/evaluations.py``).
 Records that do not decode are skipped and counted (they sit on the DLQ already).
 """
 
@@ -33,7 +35,7 @@ class LogStats:
 
 def read_log(
     settings: MintSettings,
-    topics: tuple[str, ...] = ("export.events", "serving.events"),
+    topics: tuple[str, ...] = ("export.events", "serving.events", "eval.results"),
     stats: LogStats | None = None,
     poll_timeout_ms: int = 500,
 ) -> Iterator[Envelope[Any]]:

@@ -18,7 +18,7 @@ from catalog.repository import CatalogRepository
 from catalog.store import AdapterStore, StoredAdapter
 from schemas import Envelope
 from schemas.envelope import make_reply
-from schemas.events import ExportCompleted
+from schemas.events import ExportCompleted, TrainingFigures
 from workers.trainer.engine import MultiPolicyTrainer
 
 log = structlog.get_logger()
@@ -39,11 +39,18 @@ class RevisionExporter:
     repo: CatalogRepository
     name: str
 
-    def export_revision(self, env: Envelope[Any], training: dict[str, Any]) -> dict[str, Any]:
+    def export_revision(
+        self,
+        env: Envelope[Any],
+        training: dict[str, Any],
+        figures: TrainingFigures | None = None,
+    ) -> dict[str, Any]:
         """Store the policy's adapter as its next revision and register it in the catalog; the
         figures ``export_event`` announces. Idempotent per ``env`` (the catalog dedupes by
         digest and by the event id derived from it). Update requests and step-level
-        ``save_for_sampler`` calls (steps.py) both export here."""
+        ``save_for_sampler`` calls (steps.py) both export here. ``training``: the manifest's
+        record; ``figures``: what the training measured, registered with the revision and
+        announced on ``export.completed``."""
         pid = env.policy_id
         parent_revision = self.trainer.policy(pid).parent_revision
         base_model = self.trainer.config.base_model
@@ -66,6 +73,7 @@ class RevisionExporter:
             source_event_id=export_id,
             by=self.name,
             at=at,
+            training=figures.figures() if figures is not None else None,
         )
         state = self.trainer.policy(pid)
         if rev.digest != stored.digest:
@@ -89,6 +97,8 @@ class RevisionExporter:
             "digest": stored.digest,
             "store_uri": stored.uri,
             "base_model": base_model,
+            # The catalog's figures (a revision registered before keeps the ones it has).
+            "training": dict(rev.training),
             **_revision_metadata(stored),
         }
 
@@ -106,6 +116,7 @@ class RevisionExporter:
             base_model=r["base_model"],
             base_model_fingerprint=r["base_model_fingerprint"],
             parent_revision=r["parent_revision"],
+            training=TrainingFigures(**r["training"]) if r.get("training") else None,
         )
         at = r.get("exported_at")
         return make_reply(

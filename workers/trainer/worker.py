@@ -32,7 +32,7 @@ from catalog.repository import CatalogRepository
 from catalog.store import AdapterStore, StoredAdapter
 from schemas import Envelope
 from schemas.envelope import make_reply
-from schemas.events import UpdateCompleted, UpdateRequested
+from schemas.events import TrainingFigures, UpdateCompleted, UpdateRequested
 from schemas.events.steps import TrainStepRequested
 from schemas.settings import MintSettings
 from streams import health
@@ -174,7 +174,7 @@ class TrainerService(RevisionExporter):
 
     def _train(self, env: Envelope[Any], p: UpdateRequested, examples: list, t0: float) -> dict:
         pid = env.policy_id
-        losses, metrics = [], {}
+        losses, metrics, tokens, rewards = [], {}, 0, []
         for step in range(p.steps):
             start = (step * p.batch_size) % len(examples)
             chunk = (examples + examples)[start : start + min(p.batch_size, len(examples))]
@@ -185,6 +185,9 @@ class TrainerService(RevisionExporter):
                 result = self.trainer.rl_step(pid, batch, p.learning_rate)
             trainer_metrics.observe_step(p.objective, result.seconds, result.tokens)
             losses.append(result.loss)
+            tokens += result.tokens
+            if "reward_mean" in result.metrics:  # RL steps: the mean reward of their batch
+                rewards.append(result.metrics["reward_mean"])
             metrics = {**result.metrics, "grad_norm": result.grad_norm, "tokens": result.tokens}
         out: dict[str, Any] = {
             "request_id": str(env.event_id),
@@ -196,11 +199,24 @@ class TrainerService(RevisionExporter):
             "exported": p.export,
         }
         if p.export:
-            out.update(self._export(env, p, losses))
+            figures = TrainingFigures.known(
+                steps=p.steps,
+                tokens=tokens,
+                loss=losses[-1],
+                reward=sum(rewards) / len(rewards) if rewards else None,
+                learning_rate=p.learning_rate,
+            )
+            out.update(self._export(env, p, losses, figures))
         out["duration_s"] = time.perf_counter() - t0
         return out
 
-    def _export(self, env: Envelope[Any], p: UpdateRequested, losses: list[float]) -> dict:
+    def _export(
+        self,
+        env: Envelope[Any],
+        p: UpdateRequested,
+        losses: list[float],
+        figures: TrainingFigures | None,
+    ) -> dict:
         training = {
             "objective": p.objective,
             "steps": p.steps,
@@ -208,7 +224,7 @@ class TrainerService(RevisionExporter):
             "learning_rate": p.learning_rate,
             "request_id": str(env.event_id),
         }
-        return self.export_revision(env, training)
+        return self.export_revision(env, training, figures)
 
     def _publish(self, env: Envelope[Any], r: dict[str, Any]) -> None:
         events = []

@@ -1,0 +1,254 @@
+"""A revision's figures as the CLI shows them: the rows of `mint revisions` and `mint catalog
+revisions` (training loss and reward, evaluation verdicts), and `mint revision show REF` (every
+field of one revision, each evaluation with all its metrics against its thresholds)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from mint.commands.errors import one_line_errors
+from mint.commands.listing import Cell, print_rows, text, when
+from schemas.settings import get_settings
+
+console = Console(stderr=True)
+out = Console()
+
+# The order `revision show` lists training figures in (TrainingFigures' fields).
+FIGURES = ("steps", "tokens", "loss", "reward", "learning_rate")
+
+
+@contextmanager
+def catalog_repo() -> Iterator[Any]:
+    """The catalog repository of MINT_KEYSPACE for one command (tests replace it)."""
+    from catalog.repository import CatalogRepository
+    from mint.commands.cassandra import catalog_session
+
+    settings = get_settings()
+    with catalog_session(settings) as session:
+        yield CatalogRepository(session, settings.keyspace)
+
+
+# ---------------------------------------------------------------------- rows
+
+
+def evaluation_fields(e: Any) -> dict[str, Any]:
+    """One evaluation (catalog.models.Evaluation) as JSON output carries it."""
+    return {
+        "passed": e.passed,
+        "metrics": dict(e.metrics),
+        "thresholds": dict(e.thresholds),
+        "failures": list(e.failures),
+        "refused": e.refused,
+        "evaluated_at": e.evaluated_at,
+        "evaluated_by": e.evaluated_by,
+        "event_id": str(e.event_id) if e.event_id else None,
+    }
+
+
+def revision_row(
+    rev: Any, aliases: Iterable[str] | None, evaluations: Iterable[Any]
+) -> dict[str, Any]:
+    """A revision with its aliases (None: not listed), training figures and evaluations by
+    suite: one row of a listing, one object of ``-o json``."""
+    row: dict[str, Any] = {
+        "revision": rev.revision,
+        "digest": rev.digest,
+        "store_uri": rev.store_uri,
+        "parent_revision": rev.parent_revision,
+    }
+    if aliases is not None:
+        row["aliases"] = sorted(aliases)
+    row |= {
+        "created_at": rev.created_at,
+        "created_by": rev.created_by,
+        "training": dict(getattr(rev, "training", None) or {}),
+        "evaluations": {e.suite: evaluation_fields(e) for e in sorted(evaluations, key=_suite)},
+    }
+    return row
+
+
+def _suite(e: Any) -> str:
+    return e.suite
+
+
+def number(value: float | None) -> str:
+    """A figure for a table: 4 significant digits, integers as integers, blank when absent."""
+    if value is None:
+        return ""
+    if float(value).is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:.4g}"
+
+
+def headline(evaluation: Mapping[str, Any]) -> tuple[str, float] | None:
+    """The metric a verdict is shown with: the first thresholded one (what the gate judged),
+    else the first by name; None for a refused evaluation (no metrics)."""
+    metrics = evaluation["metrics"]
+    names = sorted(n for n in evaluation["thresholds"] if n in metrics) or sorted(metrics)
+    return (names[0], metrics[names[0]]) if names else None
+
+
+def verdicts(row: Mapping[str, Any]) -> str:
+    """``suite ✓ 0.82`` per suite (✗ when its gate failed, ``refused`` when it did not run)."""
+    parts = []
+    for suite, e in row["evaluations"].items():
+        if e["refused"] is not None:
+            parts.append(f"{suite} refused")
+            continue
+        mark = "✓" if e["passed"] else "✗"
+        first = headline(e)
+        parts.append(f"{suite} {mark}" + (f" {number(first[1])}" if first else ""))
+    return ", ".join(parts)
+
+
+def figure(name: str) -> Cell:
+    return lambda row: number(row["training"].get(name))
+
+
+def columns(with_aliases: bool, with_store: bool) -> dict[str, Cell]:
+    cols: dict[str, Cell] = {
+        "rev": text("revision"),
+        "digest": lambda r: r["digest"][:19] + "…",
+    }
+    if with_store:
+        cols["store uri"] = text("store_uri")
+    cols["parent"] = text("parent_revision")
+    if with_aliases:
+        cols["aliases"] = lambda r: ", ".join(r["aliases"])
+    cols |= {
+        "created": when("created_at"),
+        "by": text("created_by"),
+        "loss": figure("loss"),
+        "reward": figure("reward"),
+        "eval": verdicts,
+    }
+    return cols
+
+
+def print_revisions(rows: list[dict[str, Any]], output: str, *, store: bool = False) -> None:
+    """The rows of `mint revisions` (with aliases) or `mint catalog revisions` (store URIs)."""
+    with_aliases = bool(rows) and "aliases" in rows[0]
+    print_rows(out, rows, columns(with_aliases, store), output)
+
+
+# ---------------------------------------------------------------------- revision show
+
+
+@click.group("revision")
+def revision() -> None:
+    """One revision of a policy: `mint revision show tenant/policy@N|@alias|@sha256:…`."""
+
+
+@revision.command("show")
+@click.argument("reference")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    help="text: for people; json: one object (for jq and scripts).",
+)
+@one_line_errors
+def show(reference: str, output: str) -> None:
+    """Every field of one revision: digest, parent, aliases, created, by, training figures and
+    each evaluation with all its metrics against the thresholds.
+
+    REFERENCE is tenant/policy@N, @alias or @sha256:… (tenant/policy alone: the latest)."""
+    from catalog.refs import parse_ref
+
+    if "@" in reference:
+        ref = parse_ref(reference)
+    else:
+        from mint.commands.args import tenant_policy
+
+        tenant, policy = tenant_policy(reference)
+        ref = None
+    with catalog_repo() as repo:
+        if ref is not None:
+            tenant, policy = ref.tenant, ref.policy
+            target = repo.resolve(ref).revision
+        else:
+            page, _ = repo.list_revisions(tenant, policy, page_size=1)
+            if not page:
+                raise click.ClickException(f"{tenant}/{policy} has no revisions yet")
+            target = page[0].revision
+        rev = repo.get_revision(tenant, policy, target)
+        aliases = [a.alias for a in repo.list_aliases(tenant, policy) if a.revision == target]
+        evaluations = repo.evaluations(tenant, policy, target)
+    row = revision_row(rev, aliases, evaluations)
+    row = {"tenant": tenant, "policy": policy, **row, "metadata": dict(rev.metadata)}
+    if output == "json":
+        click.echo(json.dumps(row, default=_plain, ensure_ascii=False))
+        return
+    print_revision(row)
+
+
+def _plain(value: Any) -> Any:
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)
+
+
+def print_revision(row: Mapping[str, Any]) -> None:
+    """A revision as `mint revision show` prints it: its fields, then one table per evaluation."""
+    fields = Table.grid(padding=(0, 2))
+    fields.add_column(style="bold")
+    fields.add_column()
+    rows = [
+        ("revision", f"{row['tenant']}/{row['policy']}@{row['revision']}"),
+        ("digest", row["digest"]),
+        ("store uri", row["store_uri"]),
+        ("parent", str(row["parent_revision"] or "-")),
+        ("aliases", ", ".join(row["aliases"]) or "-"),
+        ("created", f"{row['created_at']:%Y-%m-%d %H:%M:%S}"),
+        ("by", row["created_by"] or "-"),
+    ]
+    training = row["training"]
+    names = [n for n in FIGURES if n in training] + sorted(set(training) - set(FIGURES))
+    rows += [(f"training {n}", number(training[n])) for n in names] or [("training", "-")]
+    for name, value in rows:
+        fields.add_row(name, value)
+    out.print(fields)
+    if not row["evaluations"]:
+        out.print("evaluations: none")
+    for suite, e in row["evaluations"].items():
+        out.print(evaluation_table(suite, e))
+
+
+def evaluation_table(suite: str, e: Mapping[str, Any]) -> Table | str:
+    """One evaluation: every metric with its threshold and whether it met it."""
+    when_ = f"{e['evaluated_at']:%Y-%m-%d %H:%M:%S}"
+    if e["refused"] is not None:
+        return f"evaluation {suite}: refused at {when_}: {e['refused']}"
+    verdict = "passed" if e["passed"] else "failed: " + ", ".join(e["failures"])
+    table = Table("metric", "value", "threshold", "met", title=f"{suite}: {verdict} ({when_})")
+    limits = e["thresholds"]
+    for name in sorted(set(e["metrics"]) | set(limits)):
+        value = e["metrics"].get(name)
+        bound = limits.get(name)
+        met = "" if bound is None else ("✓" if _meets(value, bound) else "✗")
+        shown = "missing" if value is None else number(value)
+        table.add_row(name, shown, _bound(bound), met)
+    return table
+
+
+def _meets(value: float | None, bound: Mapping[str, float]) -> bool:
+    if value is None or math.isnan(value):
+        return False
+    low, high = bound.get("min"), bound.get("max")
+    return (low is None or value >= low) and (high is None or value <= high)
+
+
+def _bound(bound: Mapping[str, float] | None) -> str:
+    if not bound:
+        return ""
+    low, high = bound.get("min"), bound.get("max")
+    if low is not None and high is not None:
+        return f"{number(low)} ≤ x ≤ {number(high)}"
+    return f">= {number(low)}" if low is not None else f"<= {number(high)}"
