@@ -154,9 +154,18 @@ def _print_status(settings=None) -> bool:
 
 def _register_commands() -> None:
     # Each area owns one module under mint/commands/ and lists its commands there.
-    from mint.commands import catalog, gateway, lifecycle, models, security, streams, workers
+    from mint.commands import (
+        catalog,
+        gateway,
+        lifecycle,
+        models,
+        security,
+        streams,
+        timeline,
+        workers,
+    )
 
-    for module in (streams, catalog, models, workers, lifecycle, security, gateway):
+    for module in (streams, catalog, models, workers, lifecycle, timeline, security, gateway):
         for command in module.COMMANDS:
             main.add_command(command)
 

@@ -56,7 +56,7 @@ class Grants:
 PRINCIPALS: dict[str, Grants] = {
     # group names: workers.projector.PROJECTOR_GROUP and the like (tests/unit/test_acls.py)
     "projector": Grants(
-        reads=("export.events", "serving.events"),
+        reads=("export.events", "serving.events", "eval.results"),
         writes=("policy.state", "dlq"),
         groups=("catalog-projector",),
     ),
