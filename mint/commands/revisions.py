@@ -8,6 +8,7 @@ import json
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import click
@@ -162,24 +163,8 @@ def show(reference: str, output: str) -> None:
     each evaluation with all its metrics against the thresholds.
 
     REFERENCE is tenant/policy@N, @alias or @sha256:… (tenant/policy alone: the latest)."""
-    from catalog.refs import parse_ref
-
-    if "@" in reference:
-        ref = parse_ref(reference)
-    else:
-        from mint.commands.args import tenant_policy
-
-        tenant, policy = tenant_policy(reference)
-        ref = None
     with catalog_repo() as repo:
-        if ref is not None:
-            tenant, policy = ref.tenant, ref.policy
-            target = repo.resolve(ref).revision
-        else:
-            page, _ = repo.list_revisions(tenant, policy, page_size=1)
-            if not page:
-                raise click.ClickException(f"{tenant}/{policy} has no revisions yet")
-            target = page[0].revision
+        tenant, policy, target = resolve(repo, reference)
         rev = repo.get_revision(tenant, policy, target)
         aliases = [a.alias for a in repo.list_aliases(tenant, policy) if a.revision == target]
         evaluations = repo.evaluations(tenant, policy, target)
@@ -189,6 +174,53 @@ def show(reference: str, output: str) -> None:
         click.echo(json.dumps(row, default=_plain, ensure_ascii=False))
         return
     print_revision(row)
+
+
+def resolve(repo: Any, reference: str) -> tuple[str, str, int]:
+    """REFERENCE (tenant/policy@N, @alias, @sha256:…, or tenant/policy: the latest) →
+    (tenant, policy, revision number)."""
+    from catalog.refs import parse_ref
+    from mint.commands.args import tenant_policy
+
+    if "@" in reference:
+        ref = parse_ref(reference)
+        return ref.tenant, ref.policy, repo.resolve(ref).revision
+    tenant, policy = tenant_policy(reference)
+    page, _ = repo.list_revisions(tenant, policy, page_size=1)
+    if not page:
+        raise click.ClickException(f"{tenant}/{policy} has no revisions yet")
+    return tenant, policy, page[0].revision
+
+
+@revision.command("download")
+@click.argument("reference")
+@click.option(
+    "--out",
+    "dest",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="A new (or empty) folder to write the adapter to.",
+)
+@one_line_errors
+def download(reference: str, dest: Path) -> None:
+    """Write one revision as a PEFT adapter folder (adapter_config.json and
+    adapter_model.safetensors) that stock PEFT and `vllm serve --lora-modules NAME=DIR` load.
+    The store's copy is verified first (digest, shapes, finite weights); a packed MoE revision
+    is unpacked; mint-revision.json says where it came from.
+
+    \b
+      mint revision download acme/math@prod --out ./math-prod
+      vllm serve BASE --enable-lora --lora-modules math=./math-prod
+    """
+    from catalog.download import write_peft_folder
+    from catalog.store import AdapterStore
+
+    with catalog_repo() as repo:
+        tenant, policy, target = resolve(repo, reference)
+        rev = repo.get_revision(tenant, policy, target)
+    stored = AdapterStore.from_settings(get_settings()).open(rev.store_uri, owner=(tenant, policy))
+    files = write_peft_folder(stored, dest)
+    console.print(f"{rev.ref} ({rev.digest}) -> {dest}: {', '.join(files)}")
 
 
 def _plain(value: Any) -> Any:
