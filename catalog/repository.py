@@ -52,6 +52,8 @@ _REVISION_COLS = (
 _STATEMENTS = {
     "_get_policy": "SELECT * FROM {ks}.policies WHERE tenant = ? AND policy = ?",
     "_list_policies": "SELECT * FROM {ks}.policies WHERE tenant = ?",
+    # Operators' listing across tenants: one small table, read whole.
+    "_list_tenants": "SELECT tenant FROM {ks}.tenants",
     "_get_digest": (
         "SELECT revision FROM {ks}.revisions_by_digest WHERE tenant = ? AND policy = ? AND digest = ?"
     ),
@@ -177,6 +179,10 @@ class CatalogRepository(AliasMoves, AppliedEvents, RevisionEvaluations):
     def list_policies(self, tenant: str) -> list[Policy]:
         check_name("tenant", tenant)
         return [from_row(Policy, r) for r in self._run(self._list_policies, (tenant,))]
+
+    def list_tenants(self) -> list[str]:
+        """Every tenant with a policy in the catalog, by name."""
+        return sorted(r.tenant for r in self._run(self._list_tenants, ()))
 
     def _live_policy(self, tenant: str, policy: str, known: Policy | None = None) -> Policy:
         pol = known or self._read_policy(tenant, policy)

@@ -92,28 +92,49 @@ def policies() -> None:
 
 
 @policies.command("list")
-@click.argument("tenant")
+@click.argument("tenant", required=False)
 @output_option
 @one_line_errors
-def policies_list(tenant: str, output: str) -> None:
-    """The tenant's policies with their aliases and latest revision."""
-    with _client(tenant) as c:
-        rows = [
-            {
-                "policy": p.name,
-                "base_model": p.base_model,
-                "latest_revision": c.latest_revision(p.policy),
-                "aliases": {a.alias: a.revision for a in c.aliases(p.policy)},
-                "created_at": p.created_at,
-            }
-            for p in c.policies()
-        ]
+def policies_list(tenant: str | None, output: str) -> None:
+    """The policies of TENANT (every tenant's, for operators, without it) with their aliases,
+    latest revision and whether they are retired."""
+    from catalog.exceptions import NotFound
+    from catalog.refs import check_name
+    from mint.commands.revisions import catalog_repo
+
+    if tenant is not None:
+        try:
+            check_name("tenant", tenant)
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from e
+    rows = []
+    with catalog_repo() as repo:
+        for t in [tenant] if tenant else repo.list_tenants():
+            for p in repo.list_policies(t):
+                try:
+                    page, _ = repo.list_revisions(t, p.policy, page_size=1)
+                except NotFound:
+                    page = []
+                aliases = repo.list_aliases(t, p.policy)
+                rows.append(
+                    {
+                        "tenant": t,
+                        "policy": p.policy,
+                        "base_model": p.base_model,
+                        "latest_revision": page[0].revision if page else None,
+                        "aliases": {a.alias: a.revision for a in aliases},
+                        "created_at": p.created_at,
+                        "retired_at": p.retired_at,
+                    }
+                )
     columns = {
+        **({} if tenant else {"tenant": text("tenant")}),
         "policy": text("policy"),
         "base model": lambda r: r["base_model"][-40:],
         "latest": text("latest_revision"),
         "aliases": lambda r: ", ".join(f"{a}→{n}" for a, n in r["aliases"].items()) or "-",
         "created": when("created_at"),
+        "retired": lambda r: "-" if r["retired_at"] is None else f"{r['retired_at']:%Y-%m-%d}",
     }
     print_rows(out, rows, columns, output)
 
