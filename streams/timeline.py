@@ -17,7 +17,6 @@ from typing import Any
 from kafka import TopicPartition
 
 from schemas import Envelope, decode_event
-from schemas.names import policy_id
 from schemas.events import (
     AliasMoved,
     EvalCompleted,
@@ -30,6 +29,7 @@ from schemas.events import (
     ServingRefused,
     UpdateCompleted,
 )
+from schemas.names import policy_id
 from schemas.settings import MintSettings
 from streams.follower import Follower
 from streams.topics import partition_for_key

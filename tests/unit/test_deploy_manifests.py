@@ -513,7 +513,9 @@ def test_kafka_start_script_formats_scram_users_once_with_the_secure_config(tmp_
     assert (tmp_path / "started").read_text().split() == [str(conf / "server.properties")]
 
     props = _properties((conf / "server.properties").read_text())
-    local = _properties((ROOT / "mint" / "dev" / "services" / "server-secure.properties.in").read_text())
+    local = _properties(
+        (ROOT / "mint" / "dev" / "services" / "server-secure.properties.in").read_text()
+    )
     assert {k: props[k] for k in BROKER_SECURITY_KEYS} == {
         k: local[k] for k in BROKER_SECURITY_KEYS
     }
