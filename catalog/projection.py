@@ -8,10 +8,12 @@ keyspace yields the same rows as the live catalog.
 
 ``export.completed`` registers a revision (creating the policy on its first export) with its
 training figures; ``alias.moved`` records the move; ``eval.completed`` records the revision's
-result on its suite (refused for an unknown revision or another digest). Other types are
-ignored. ``apply_events`` applies one policy's run of events at once (the projector's poll):
-consecutive exports in one lightweight transaction. Promote and rollback *commands* are
-executed by :func:`execute_serving_command`, which returns the ``alias.moved`` fact to publish.
+result on its suite (refused for an unknown revision or another digest); ``policy.retired``
+sets or clears the policy's ``retired_at``/``retired_by`` (refused for an unknown policy).
+Other types are ignored. ``apply_events`` applies one policy's run of events at once (the
+projector's poll): consecutive exports in one lightweight transaction. Promote and rollback
+*commands* are executed by :func:`execute_serving_command`, which returns the ``alias.moved``
+fact to publish.
 """
 
 from __future__ import annotations
@@ -32,13 +34,19 @@ from schemas.events import (
     AliasMoved,
     EvalCompleted,
     ExportCompleted,
+    PolicyRetirement,
     PromoteCommand,
     RollbackCommand,
 )
 
 log = structlog.get_logger()
 
-PROJECTED_TYPES = (ExportCompleted.event_type, AliasMoved.event_type, EvalCompleted.event_type)
+PROJECTED_TYPES = (
+    ExportCompleted.event_type,
+    AliasMoved.event_type,
+    EvalCompleted.event_type,
+    PolicyRetirement.event_type,
+)
 # AliasMoved ids derive from their command's id, so a redelivered command re-emits the same fact.
 _MOVE_NS = uuid.UUID("5b0f2a9e-3c1d-4e7a-9f1b-6d2c8a4e0b17")
 
@@ -150,13 +158,24 @@ def _registration(env: Envelope[Any], p: ExportCompleted) -> Registration:
     )
 
 
-def _apply_one(repo: CatalogRepository, env: Envelope[Any]) -> int:
-    """A projected event other than an export; returns the revision it concerns."""
+def _apply_one(repo: CatalogRepository, env: Envelope[Any]) -> int | None:
+    """A projected event other than an export; returns the revision it concerns (None: it
+    concerns the policy)."""
     p = env.payload
     if isinstance(p, AliasMoved):
         return _apply_alias_moved(repo, env, p)
     if isinstance(p, EvalCompleted):
         return _apply_eval_completed(repo, env, p)
+    if isinstance(p, PolicyRetirement):
+        # The event's time, never the wall clock: a rebuild writes the same retired_at.
+        repo.set_retired(
+            env.tenant,
+            env.policy,
+            retired=p.retired,
+            at=env.occurred_at,
+            by=p.requested_by or env.producer,
+        )
+        return None
     raise TypeError(f"{env.type!r} is not projected")  # PROJECTED_TYPES and this disagree
 
 

@@ -44,6 +44,7 @@ from catalog.exceptions import (
 from catalog.models import Policy, Registration, Resolved, Revision, aware, from_row, utc
 from catalog.refs import Ref, check_name, check_revision, parse_ref
 from catalog.registration import Registrar
+from catalog.retirement import RETIREMENT_STATEMENTS, PolicyRetirements
 
 _REVISION_COLS = (
     "tenant, policy, revision, digest, store_uri, base_model, parent_revision, created_at, "
@@ -76,12 +77,12 @@ _CONDITIONAL = {
 }
 
 
-class CatalogRepository(AliasMoves, AppliedEvents, RevisionEvaluations):
+class CatalogRepository(AliasMoves, AppliedEvents, RevisionEvaluations, PolicyRetirements):
     """All catalog reads and writes for one keyspace. Thread-safe (the driver session is).
 
     Policies, revisions and resolution are here; alias moves and history in
-    ``catalog/aliases.py``, evaluation results in ``catalog/evaluations.py``, the
-    applied-events rows in ``catalog/applied.py`` (mixed in: one
+    ``catalog/aliases.py``, evaluation results in ``catalog/evaluations.py``, retirement in
+    ``catalog/retirement.py``, the applied-events rows in ``catalog/applied.py`` (mixed in: one
     object, one set of statements), registration in ``catalog/registration.py``."""
 
     def __init__(self, session: Session, keyspace: str) -> None:
@@ -95,7 +96,13 @@ class CatalogRepository(AliasMoves, AppliedEvents, RevisionEvaluations):
             **EVALUATION_FIELDS,
         }
         prepare = self._cql.prepare_table
-        for table in (_STATEMENTS, APPLIED_STATEMENTS, ALIAS_STATEMENTS, EVALUATION_STATEMENTS):
+        for table in (
+            _STATEMENTS,
+            APPLIED_STATEMENTS,
+            ALIAS_STATEMENTS,
+            EVALUATION_STATEMENTS,
+            RETIREMENT_STATEMENTS,
+        ):
             prepare(self, table, fields=fields)
         for table in (_CONDITIONAL, ALIAS_CONDITIONAL):
             prepare(self, table, fields=fields, serial=True)
@@ -189,7 +196,8 @@ class CatalogRepository(AliasMoves, AppliedEvents, RevisionEvaluations):
         if pol.retired_at is not None:
             raise PolicyRetired(
                 f"policy {tenant}/{policy} was retired at {pol.retired_at.isoformat()}: "
-                "nothing can be registered or promoted in it"
+                "nothing can be registered or promoted in it (restore it with "
+                f"`mint policies retire {tenant}/{policy} --undo`)"
             )
         return pol
 

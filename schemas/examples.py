@@ -97,6 +97,7 @@ def example_fields(
             "reason": "alias acme/math-rl@prod is at revision 2, not the expected 1",
             "current_revision": 2,
         },
+        "policy.retired": {"retired": True, "reason": "superseded by math-rl-v2"},
         "load.requested": {
             "revision": 1,
             "adapter_digest": DIGEST,

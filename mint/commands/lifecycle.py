@@ -18,6 +18,7 @@ from mint.commands.args import tenant_policy
 from mint.commands.errors import one_line_errors
 from mint.commands.inference import infer  # listed here: a policy's verbs stay together
 from mint.commands.listing import output_option, print_rows, text, when
+from mint.commands.policy_status import policies_retire, policies_show
 from mint.commands.revisions import revision  # `mint revision show`: beside `mint revisions`
 from schemas.settings import get_settings
 
@@ -137,6 +138,11 @@ def policies_list(tenant: str | None, output: str) -> None:
         "retired": lambda r: "-" if r["retired_at"] is None else f"{r['retired_at']:%Y-%m-%d}",
     }
     print_rows(out, rows, columns, output)
+
+
+# `mint policies show|retire` (mint/commands/policy_status.py)
+policies.add_command(policies_show)
+policies.add_command(policies_retire)
 
 
 @policies.command("configure")

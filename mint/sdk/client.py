@@ -16,6 +16,7 @@ Catalog reads (revisions, aliases, history) go to Cassandra directly.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Unpack
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 import structlog
 
 from catalog.store import AdapterStore
-from mint.sdk.exceptions import CommandRefused, RequestFailed
+from mint.sdk.exceptions import CommandRefused, RequestFailed, WaitTimeout
 from mint.sdk.sampling import SamplingFields, sampling_options
 from mint.sdk.training import TrainingVerbs
 from mint.sdk.watcher import Predicate, Watcher, caused_by
@@ -33,6 +34,7 @@ from schemas.events import (
     InferCompleted,
     InferRequested,
     PolicyConfigured,
+    PolicyRetirement,
     PromoteCommand,
     RollbackCommand,
     Threshold,
@@ -230,6 +232,35 @@ class MintClient(TrainingVerbs):
             )
         return answer
 
+    def retire(
+        self,
+        policy: str,
+        reason: str = "",
+        undo: bool = False,
+        *,
+        timeout_s: float | None = None,
+        poll_s: float = 0.2,
+    ) -> Any:
+        """Retire ``policy`` (``undo``: restore it): no new revision or alias move while
+        retired, its revisions and aliases stay readable. Publishes ``policy.retired`` and
+        returns the policy once the projector recorded it (``retired_at``, ``retired_by``).
+        PolicyNotFound: nothing sent; WaitTimeout: it applies when the projector runs."""
+        self.catalog.get_policy(self.tenant, policy)  # PolicyNotFound: nothing sent
+        env = self.send(
+            policy,
+            PolicyRetirement(retired=not undo, reason=reason, requested_by=self.name),
+        )
+        wait = timeout_s if timeout_s is not None else self.timeout_s
+        deadline = time.monotonic() + wait
+        while not self.catalog.is_applied(env.event_id):
+            if time.monotonic() >= deadline:
+                raise WaitTimeout(
+                    f"policy.retired {env.event_id} of {env.policy_id} was not applied to the "
+                    f"catalog within {wait:g}s: is `mint worker projector` running?"
+                )
+            time.sleep(poll_s)
+        return self.catalog.get_policy(self.tenant, policy)
+
     def infer(
         self,
         policy: str,
@@ -361,6 +392,10 @@ class MintClient(TrainingVerbs):
 
     def policies(self) -> list[Any]:
         return self.catalog.list_policies(self.tenant)
+
+    def policy(self, policy: str) -> Any:
+        """One policy (``catalog.models.Policy``: base model, created, retired_at/retired_by)."""
+        return self.catalog.get_policy(self.tenant, policy)
 
     def events(self, policy: str | None = None, types: Iterable[str] = ()) -> list[Envelope[Any]]:
         """Events this client has seen (since it started), optionally of one policy/types."""

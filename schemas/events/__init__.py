@@ -21,7 +21,13 @@ from schemas.events.sampling import (
     TokenLogprob,
     TopLogprob,
 )
-from schemas.events.serving import AliasMoved, PromoteCommand, RollbackCommand, ServingRefused
+from schemas.events.serving import (
+    AliasMoved,
+    PolicyRetirement,
+    PromoteCommand,
+    RollbackCommand,
+    ServingRefused,
+)
 from schemas.events.steps import (
     AdamSpec,
     StepDatum,
@@ -51,6 +57,7 @@ __all__ = [
     "LoadRequested",
     "LoraSpec",
     "PolicyConfigured",
+    "PolicyRetirement",
     "PromoteCommand",
     "RollbackCommand",
     "RolloutCompleted",

@@ -78,3 +78,19 @@ class ServingRefused(Payload):
     current_revision: int | None = Field(
         None, ge=1, description="where the alias points now (a stale compare-and-set)"
     )
+
+
+class PolicyRetirement(Payload):
+    """A policy was retired (``retired``: no new revisions, no alias moves; its revisions and
+    aliases stay readable and served) or restored (``retired`` False). Published by
+    `mint policies retire` on ``serving.events``; the catalog's projector records it (the
+    policy's ``retired_at`` is this event's time, ``retired_by`` its requested_by)."""
+
+    event_type = "policy.retired"
+    topic = "serving.events"
+
+    retired: bool = Field(True, description="True: retire the policy; False: restore it")
+    reason: str = Field("", max_length=1024)
+    requested_by: str = Field(
+        "", max_length=256, description="who retired or restored it (recorded as retired_by)"
+    )

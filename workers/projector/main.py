@@ -35,7 +35,7 @@ log = structlog.get_logger()
 
 PROJECTOR_GROUP = "catalog-projector"
 # Exports create revisions, alias.moved facts move aliases, eval.completed results are recorded
-# with their revision; all keyed by policy, so one policy's events reach one projector in order.
+# with their revision, policy.retired sets or clears a policy's retirement; all keyed by policy, so one policy's events reach one projector in order.
 PROJECTOR_TOPICS = ("export.events", "serving.events", "eval.results")
 
 

@@ -3,8 +3,9 @@
 
 Topics are read one after the other, each up to the end offsets seen when reading starts: all
 exports before any alias move or evaluation result, which is a valid order because an alias can
-only point at, and an evaluation only score, a revision exported earlier; each policy's events
-stay in order within their partition (and of two results of one suite the later one wins by its
+only point at, and an evaluation only score, a revision exported earlier, and no revision is
+registered while its policy is retired (so no export needs to come after a ``policy.retired``);
+each policy's events stay in order within their partition (and of two results of one suite the later one wins by its
 time, ``catalog/evaluations.py``).
 Records that do not decode are skipped and counted (they sit on the DLQ already).
 """

@@ -13,12 +13,13 @@ from typing import Any
 
 import structlog
 
-from catalog.exceptions import PolicyNotFound
+from catalog.exceptions import PolicyNotFound, PolicyRetired
 from catalog.repository import CatalogRepository
 from catalog.store import AdapterStore, StoredAdapter
 from schemas import Envelope
 from schemas.envelope import make_reply
 from schemas.events import ExportCompleted, TrainingFigures
+from streams.exceptions import Refused
 from workers.trainer.engine import MultiPolicyTrainer
 
 log = structlog.get_logger()
@@ -38,6 +39,23 @@ class RevisionExporter:
     store: AdapterStore
     repo: CatalogRepository
     name: str
+
+    def refuse_retired(self, env: Envelope[Any]) -> None:
+        """Refuse (dead-letter, no retries) a request that would export a revision of a
+        retired policy, before anything is trained: its revision could not be registered."""
+        try:
+            pol = self.repo.get_policy(env.tenant, env.policy)
+        except PolicyNotFound:
+            return  # its first export creates it
+        if pol.retired_at is not None and not self.repo.is_applied(
+            derived_id(env.event_id, "export")
+        ):
+            # (A request whose revision was registered before a crash re-runs to announce it.)
+            raise Refused(
+                f"{env.type} {env.event_id} not carried out: policy {env.policy_id} was retired "
+                f"at {pol.retired_at.isoformat()} (restore it with `mint policies retire "
+                f"{env.policy_id} --undo` and send the request again)"
+            )
 
     def export_revision(
         self,
@@ -62,19 +80,24 @@ class RevisionExporter:
             self.repo.get_policy(env.tenant, env.policy)
         except PolicyNotFound:
             self.repo.create_policy(env.tenant, env.policy, base_model, by=self.name, at=at)
-        rev = self.repo.register_revision(
-            env.tenant,
-            env.policy,
-            digest=stored.digest,
-            store_uri=stored.uri,
-            base_model=base_model,
-            parent_revision=parent_revision,
-            metadata=_revision_metadata(stored),
-            source_event_id=export_id,
-            by=self.name,
-            at=at,
-            training=figures.figures() if figures is not None else None,
-        )
+        try:
+            rev = self.repo.register_revision(
+                env.tenant,
+                env.policy,
+                digest=stored.digest,
+                store_uri=stored.uri,
+                base_model=base_model,
+                parent_revision=parent_revision,
+                metadata=_revision_metadata(stored),
+                source_event_id=export_id,
+                by=self.name,
+                at=at,
+                training=figures.figures() if figures is not None else None,
+            )
+        except PolicyRetired as e:
+            # Retired while this request trained: the request's failure (a refusal, dead-lettered
+            # at once; the caller restores the weights it started from), never a retry loop.
+            raise Refused(f"{env.type} {env.event_id} not carried out: {e}") from e
         state = self.trainer.policy(pid)
         if rev.digest != stored.digest:
             # This request registered a revision before (crash before the request record):

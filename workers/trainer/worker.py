@@ -151,6 +151,8 @@ class TrainerService(RevisionExporter):
         p: UpdateRequested = env.payload
         t0 = time.perf_counter()
         self._check_base(p)
+        if p.export:
+            self.refuse_retired(env)  # its revision could not be registered: train nothing
         try:  # the store root and the request's own namespace, like every claim check
             rows = read_jsonl(self.store, p.data_uri, owner=(env.tenant, env.policy))
         except CatalogError as e:
