@@ -33,7 +33,31 @@ def _client(tenant: str, timeout_s: float):
 # ---------------------------------------------------------------------- show
 
 
-def policy_fields(pol: Any, aliases: list[Any], latest: int | None) -> dict[str, Any]:
+# The lifecycle configuration's fields `policies show` prints (policy.configured's).
+CONFIG_FIELDS = (
+    "suite",
+    "thresholds",
+    "promote_to",
+    "auto_evaluate",
+    "auto_promote",
+    "rollback_metric",
+    "rollback_tolerance",
+)
+
+
+def policy_configuration(repo: Any, tenant: str, policy: str) -> dict[str, Any] | None:
+    """The policy's latest lifecycle configuration as the controller keeps it (its worker
+    state: `mint policies configure`), or None when it was never configured."""
+    from catalog.state import StateTable
+    from workers.controller.logic import CONFIGS_STATE
+
+    cfg = StateTable(repo.session, repo.keyspace, CONFIGS_STATE).get(f"{tenant}/{policy}")
+    return None if cfg is None else {k: cfg.get(k) for k in CONFIG_FIELDS}
+
+
+def policy_fields(
+    pol: Any, aliases: list[Any], latest: int | None, config: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """One policy as `policies show -o json` prints it."""
     return {
         "tenant": pol.tenant,
@@ -46,6 +70,7 @@ def policy_fields(pol: Any, aliases: list[Any], latest: int | None) -> dict[str,
         "retired_by": pol.retired_by,
         "aliases": {a.alias: a.revision for a in aliases if a.revision is not None},
         "latest_revision": latest,
+        "configuration": config,
     }
 
 
@@ -60,7 +85,8 @@ def policy_fields(pol: Any, aliases: list[Any], latest: int | None) -> dict[str,
 )
 @one_line_errors
 def policies_show(policy_id: str, output: str) -> None:
-    """One policy: base model, created, retired (when, by), aliases and latest revision."""
+    """One policy: base model, created, retired (when, by), aliases, latest revision and its
+    lifecycle configuration (evaluation suite, gate, promotion, rollback rule)."""
     from mint.commands.revisions import catalog_repo
 
     tenant, policy = tenant_policy(policy_id)
@@ -68,7 +94,8 @@ def policies_show(policy_id: str, output: str) -> None:
         pol = repo.get_policy(tenant, policy)
         aliases = repo.list_aliases(tenant, policy)
         page, _ = repo.list_revisions(tenant, policy, page_size=1)
-    row = policy_fields(pol, aliases, page[0].revision if page else None)
+        config = policy_configuration(repo, tenant, policy)
+    row = policy_fields(pol, aliases, page[0].revision if page else None, config)
     if output == "json":
         click.echo(json.dumps(row, default=_plain, ensure_ascii=False))
         return
@@ -80,7 +107,32 @@ def policies_show(policy_id: str, output: str) -> None:
     shown = ", ".join(f"{a}→{n}" for a, n in sorted(row["aliases"].items()))
     grid.add_row("aliases", shown or "-")
     grid.add_row("latest revision", str(row["latest_revision"] or "-"))
+    for name, value in _configuration_rows(config):
+        grid.add_row(name, value)
     out.print(grid)
+
+
+def _configuration_rows(cfg: dict[str, Any] | None) -> list[tuple[str, str]]:
+    if cfg is None:
+        return [("configuration", "none (`mint policies configure`)")]
+    gate = ", ".join(
+        " ".join(
+            f"{name}{op}{t[key]:g}"
+            for key, op in (("min", ">="), ("max", "<="))
+            if t.get(key) is not None
+        )
+        for name, t in sorted((cfg["thresholds"] or {}).items())
+    )
+    promote = cfg["promote_to"] if cfg["auto_promote"] else f"{cfg['promote_to']} (by hand)"
+    rollback = "none"
+    if cfg["rollback_metric"]:
+        rollback = f"{cfg['rollback_metric']} falls > {cfg['rollback_tolerance']:g}"
+    return [
+        ("suite", cfg["suite"] + ("" if cfg["auto_evaluate"] else " (not automatic)")),
+        ("gate", gate or "none"),
+        ("promotes to", promote),
+        ("rolls back when", rollback),
+    ]
 
 
 def _retired(pol: Any) -> str:

@@ -258,15 +258,33 @@ def test_show_prints_the_policy_with_its_retirement(monkeypatch) -> None:
     def repo():
         yield Repo()
 
+    config = {
+        "suite": "toy-even",
+        "thresholds": {"reward": {"min": 0.6}, "loss": {"max": 2.0}},
+        "promote_to": "prod",
+        "auto_evaluate": True,
+        "auto_promote": True,
+        "rollback_metric": "reward",
+        "rollback_tolerance": 0.05,
+    }
+    configs = {"acme/math-rl": config}
     monkeypatch.setattr(revisions_cli, "catalog_repo", repo)
+    monkeypatch.setattr(
+        policy_status, "policy_configuration", lambda r, t, p: configs.get(f"{t}/{p}")
+    )
     res = CliRunner().invoke(main, ["policies", "show", "acme/math-rl", "-o", "json"])
     assert res.exit_code == 0, res.output
     row = json.loads(res.output)
     assert row["retired"] is True and row["retired_by"] == "alice"
     assert row["retired_at"].startswith("2026-12-06T21:00:00")
     assert row["aliases"] == {"prod": 2} and row["latest_revision"] == 3
+    assert row["configuration"] == config
     res = CliRunner().invoke(main, ["policies", "show", "acme/math-rl"])
     assert "2026-12-06 21:00:00 by alice" in res.output and "prod→2" in res.output
+    assert "loss<=2, reward>=0.6" in res.output and "reward falls > 0.05" in res.output
+    configs.clear()
+    res = CliRunner().invoke(main, ["policies", "show", "acme/math-rl"])
+    assert res.exit_code == 0 and "mint policies configure" in res.output
 
 
 # ---------------------------------------------------------------------- trainer
