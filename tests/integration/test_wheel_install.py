@@ -98,7 +98,14 @@ def test_the_installed_mint_runs_outside_the_tree(
     _, session = cassandra_cluster
     try:
         migrated = run("catalog", "migrate").stderr  # a message, not a table: stderr
-        assert "at versions [1, 2, 3, 4, 5]" in migrated, migrated
+        assert "applied now" in migrated, migrated
+        shipped = {
+            int(p.name.split("_")[0]) for p in (ROOT / "catalog" / "migrations").glob("*.cql")
+        }
+        applied = {r.version for r in session.execute(
+            f"SELECT version FROM {settings.keyspace}.schema_migrations"
+        )}  # fmt: skip
+        assert applied == shipped, "every migration of the tree ships in the wheel"
         tables = {r.table_name for r in session.execute(
             "SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s",
             (settings.keyspace,),
