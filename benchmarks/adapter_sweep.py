@@ -17,7 +17,7 @@ Prints ONE JSON line (``targets`` / ``met``: demand / FIFO throughput >= 3).
 
     python benchmarks/adapter_sweep.py                       # N = 100,000
     python benchmarks/adapter_sweep.py --adapters 10000
-    python benchmarks/adapter_sweep.py --smoke               # N = 1,000 (what CI runs)
+    python benchmarks/adapter_sweep.py --smoke               # N = 400 (what CI runs)
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def zipf_indices(rng: random.Random, k: int, m: int, s: float) -> list[int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--smoke", action="store_true", help="1,000 adapters, short Zipf run")
+    ap.add_argument("--smoke", action="store_true", help="400 adapters, short Zipf run")
     ap.add_argument("--adapters", type=int, default=None, help="N for the sweep")
     ap.add_argument("--zipf-adapters", type=int, default=64, help="K (> max_cpu_loras)")
     ap.add_argument("--zipf-requests", type=int, default=None)
@@ -161,11 +161,11 @@ def main() -> None:
         "--kafka-adapters",
         type=int,
         default=None,
-        help="N of the sweep through Kafka and the catalog (default 10,000; smoke 200; 0: skip it)",
+        help="N of the sweep through Kafka and the catalog (default 10,000; smoke 100; 0: skip it)",
     )
     args = ap.parse_args()
-    n = args.adapters or (1000 if args.smoke else 100_000)
-    m = args.zipf_requests or (512 if args.smoke else 2048)
+    n = args.adapters or (400 if args.smoke else 100_000)
+    m = args.zipf_requests or (256 if args.smoke else 2048)
     if args.zipf_adapters <= args.max_cpu_loras:
         ap.error("--zipf-adapters must exceed --max-cpu-loras (traffic over more than the cache)")
 
@@ -179,7 +179,7 @@ def main() -> None:
     from workers.serving.working_set import WorkingSet
 
     configure_logging("WARNING", "console")
-    kn = args.kafka_adapters if args.kafka_adapters is not None else (200 if args.smoke else 10_000)
+    kn = args.kafka_adapters if args.kafka_adapters is not None else (100 if args.smoke else 10_000)
     through_kafka = kafka_sweep(kn, args) if kn else None
     work = Path(tempfile.mkdtemp(prefix="mint-sweep-"))
     try:

@@ -107,6 +107,7 @@ class AliasMoves:
         at: datetime | None = None,
         kind: str = "promote",
         checked: bool = False,
+        fact: bool = False,
     ) -> AliasMove:
         """Point ``alias`` at revision ``to`` (a number or a reference in this policy; None
         deletes the pointer) if it currently points at ``expected`` (None: unset).
@@ -117,7 +118,9 @@ class AliasMoves:
         mover or reader if a crash came in between). Repeating a move with the same
         ``event_id`` returns the recorded move and writes nothing. ``checked``: ``alias`` and
         ``expected`` come from a decoded event or from the catalog (the projection, rollback),
-        so they are not checked again.
+        so they are not checked again. ``fact``: the move already happened (an ``alias.moved``
+        being projected): it is recorded even if the policy was retired since, so the catalog
+        and a rebuild of the log agree.
         """
         if not checked:
             check_alias(alias)
@@ -126,7 +129,8 @@ class AliasMoves:
         if to is None:
             kind = "delete"
         target = None if to is None else self._target(tenant, policy, to)
-        self._live_policy(tenant, policy)
+        if not fact:
+            self._live_policy(tenant, policy)
         at = utc(at)
         cur = self._one(self._get_alias_serial, (tenant, policy, alias))
         self._complete_history(cur)

@@ -218,6 +218,7 @@ def _apply_alias_moved(repo: CatalogRepository, env: Envelope[Any], p: AliasMove
         at=env.occurred_at,
         kind=p.cause,
         checked=True,
+        fact=True,
     )
     return p.to_revision
 

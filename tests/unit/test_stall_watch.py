@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from kafka import TopicPartition
+from kafka.errors import KafkaTimeoutError
 
 from streams.stall import StallWatch
 
@@ -31,6 +32,8 @@ class FakeConsumer:
         return self.high[tp]
 
     def position(self, tp, timeout_ms=None):
+        if self.pos[tp] == "raise":
+            raise KafkaTimeoutError("Timeout resolving position")
         return self.pos[tp]
 
 
@@ -51,10 +54,10 @@ def polls(watch: StallWatch, consumer: FakeConsumer, clock: Clock, seconds: floa
     return stalls
 
 
-def test_a_partition_never_fetched_stalls_after_the_limit() -> None:
+def test_a_partition_never_fetched_stalls_after_a_third_of_the_limit() -> None:
     clock, consumer = Clock(), FakeConsumer(TP0)
     watch = StallWatch(limit_s=90, clock=clock)
-    assert polls(watch, consumer, clock, 89) == []
+    assert polls(watch, consumer, clock, 29) == []
     [stall] = polls(watch, consumer, clock, 2)
     assert (stall.partition, stall.reason) == (TP0, "never_fetched")
     assert "never fetched" in stall.describe()
@@ -89,6 +92,7 @@ def test_progress_records_returned_or_a_moving_position_restart_the_clock() -> N
 
 def test_paused_partitions_and_busy_handlers_are_not_stalls() -> None:
     clock, consumer = Clock(), FakeConsumer(TP0)
+    consumer.high[TP0], consumer.pos[TP0] = 100, 0
     watch = StallWatch(limit_s=90, clock=clock)
     consumer.paused_tps = {TP0}  # an outage waited out
     assert polls(watch, consumer, clock, 200) == []
@@ -96,12 +100,14 @@ def test_paused_partitions_and_busy_handlers_are_not_stalls() -> None:
     assert polls(watch, consumer, clock, 60) == []
     clock.now += 600  # a 10-minute training step between two polls
     assert polls(watch, consumer, clock, 1) == []
-    assert polls(watch, consumer, clock, 29) == []  # 89 s of polling since it was resumed
+    # 89 s of polling since its first position was read (a second after it was resumed)
+    assert polls(watch, consumer, clock, 30) == []
     assert polls(watch, consumer, clock, 2) != []
 
 
 def test_a_partition_that_left_the_assignment_is_forgotten_and_reset_clears_all() -> None:
     clock, consumer = Clock(), FakeConsumer(TP0)
+    consumer.high[TP0], consumer.pos[TP0] = 100, 0
     watch = StallWatch(limit_s=90, clock=clock)
     polls(watch, consumer, clock, 80)
     consumer.owned = set()
@@ -110,3 +116,13 @@ def test_a_partition_that_left_the_assignment_is_forgotten_and_reset_clears_all(
     assert polls(watch, consumer, clock, 80) == []  # assigned again: a new clock
     watch.reset()
     assert polls(watch, consumer, clock, 80) == []
+
+
+def test_a_position_that_never_resolves_after_a_fetch_stalls() -> None:
+    clock, consumer = Clock(), FakeConsumer(TP0)
+    consumer.high[TP0], consumer.pos[TP0] = 35, "raise"  # kept over a rebalance, then stuck
+    watch = StallWatch(limit_s=90, clock=clock)
+    assert polls(watch, consumer, clock, 29) == []
+    [stall] = polls(watch, consumer, clock, 2)
+    assert (stall.reason, stall.position, stall.highwater) == ("no_position", None, 35)
+    assert "position has not resolved" in stall.describe()
