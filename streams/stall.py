@@ -6,17 +6,17 @@ runs: a controller that never answered a promote, a trainer that never received 
 engine that answered nothing for 5 minutes. Nothing in the client reports it, so the loop
 watches each partition it owns from what the client already knows locally (no broker call):
 
-- **never fetched**: no fetch response has carried the partition's high watermark for 30 s
+- **never fetched**: no fetch response has carried the partition's high watermark for 90 s
   since it was assigned (or resumed);
 - **no position**: fetched once (its high watermark is known) but its position does not
-  resolve for 30 s (kept over a rebalance, its committed offset never comes back: the engine
+  resolve for 90 s (kept over a rebalance, its committed offset never comes back: the engine
   of a sweep benchmark sat on 100 requests that way for 5 minutes);
 - **not handed out**: the high watermark is ahead of the position and the position has not
   moved for ``limit_s`` while polls went on.
 
-A paused partition (an outage waited out) is not watched. The last rule's ``limit_s`` (90 s)
-is past kafka-python's transaction timeout (60 s): a ``read_committed`` consumer stops at an
-open transaction of a producer that died, until the broker aborts it. What the loop does about a
+A paused partition (an outage waited out) is not watched. ``limit_s`` (90 s) is past
+kafka-python's transaction timeout (60 s): a ``read_committed`` consumer stops at an open
+transaction of a producer that died, until the broker aborts it. What the loop does about a
 stall (a new client, as after a restart) is in streams.group (a group member rejoins and
 reads on from the committed offsets) and streams.follower (a follower goes on from the same
 positions).
@@ -78,9 +78,10 @@ class StallWatch:
         unresolved_s: float | None = None,
     ) -> None:
         self.limit_s, self.every_s, self.clock = limit_s, every_s, clock
-        # Never fetched, or no position: nothing legitimate takes long (no transaction holds a
-        # fetch back), so these count after a third of ``limit_s`` (30 s by default).
-        self.unresolved_s = limit_s / 3 if unresolved_s is None else unresolved_s
+        # Never fetched, or no position: the same 90 s by default. Shorter would recover sooner
+        # but would also catch slow rebalances on a loaded machine (a new client is a rebalance
+        # more, and a held request's redelivery).
+        self.unresolved_s = limit_s if unresolved_s is None else unresolved_s
         self._seen: dict[TopicPartition, _Seen] = {}
         self._last: float | None = None
         self._due = 0.0

@@ -54,10 +54,10 @@ def polls(watch: StallWatch, consumer: FakeConsumer, clock: Clock, seconds: floa
     return stalls
 
 
-def test_a_partition_never_fetched_stalls_after_a_third_of_the_limit() -> None:
+def test_a_partition_never_fetched_stalls_after_the_limit() -> None:
     clock, consumer = Clock(), FakeConsumer(TP0)
     watch = StallWatch(limit_s=90, clock=clock)
-    assert polls(watch, consumer, clock, 29) == []
+    assert polls(watch, consumer, clock, 89) == []
     [stall] = polls(watch, consumer, clock, 2)
     assert (stall.partition, stall.reason) == (TP0, "never_fetched")
     assert "never fetched" in stall.describe()
@@ -122,7 +122,7 @@ def test_a_position_that_never_resolves_after_a_fetch_stalls() -> None:
     clock, consumer = Clock(), FakeConsumer(TP0)
     consumer.high[TP0], consumer.pos[TP0] = 35, "raise"  # kept over a rebalance, then stuck
     watch = StallWatch(limit_s=90, clock=clock)
-    assert polls(watch, consumer, clock, 29) == []
+    assert polls(watch, consumer, clock, 89) == []
     [stall] = polls(watch, consumer, clock, 2)
     assert (stall.reason, stall.position, stall.highwater) == ("no_position", None, 35)
     assert "position has not resolved" in stall.describe()

@@ -95,7 +95,17 @@ def run_projector(
                 # from one read of it.
                 key = f"{env.policy_id}@{env.payload.alias}".encode()
                 producer.send_raw(state_topic, record.value, key)
-            log.debug("projected", outcome=outcome.value, topic=record.topic, offset=record.offset)
+            # Its own ids on the line: in a run of one policy's events (handle_run) the bound
+            # context is the run's first event's.
+            log.debug(
+                "projected",
+                outcome=outcome.value,
+                topic=record.topic,
+                offset=record.offset,
+                type=env.type,
+                event_id=str(env.event_id),
+                correlation_id=str(env.correlation_id),
+            )
 
         consumer_options.setdefault("auto_offset_reset", "earliest")
         if consumer_options.get("parallel_keys", 1) > 1:
