@@ -20,6 +20,15 @@ output_option = click.option(
     help="table: for people; json: one object per line (for jq and scripts).",
 )
 
+# Commands that print one object (`revision show`, `policies show`): readable text or one JSON line.
+object_output_option = click.option(
+    "-o",
+    "--output",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    help="text: for people; json: one object (for jq and scripts).",
+)
+
 Cell = Callable[[Mapping[str, Any]], str]
 
 

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from mint.commands.args import tenant_policy
 from mint.commands.errors import one_line_errors
-from mint.commands.listing import _plain
+from mint.commands.listing import _plain, object_output_option
 from schemas.settings import get_settings
 
 console = Console(stderr=True)
@@ -76,13 +76,7 @@ def policy_fields(
 
 @click.command("show")
 @click.argument("policy_id")
-@click.option(
-    "-o",
-    "--output",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    help="text: for people; json: one object (for jq and scripts).",
-)
+@object_output_option
 @one_line_errors
 def policies_show(policy_id: str, output: str) -> None:
     """One policy: base model, created, retired (when, by), aliases, latest revision and its

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mint.commands.errors import one_line_errors
-from mint.commands.listing import Cell, print_rows, text, when
+from mint.commands.listing import Cell, object_output_option, print_rows, text, when
 from schemas.settings import get_settings
 
 console = Console(stderr=True)
@@ -150,13 +150,7 @@ def revision() -> None:
 
 @revision.command("show")
 @click.argument("reference")
-@click.option(
-    "-o",
-    "--output",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    help="text: for people; json: one object (for jq and scripts).",
-)
+@object_output_option
 @one_line_errors
 def show(reference: str, output: str) -> None:
     """Every field of one revision: digest, parent, aliases, created, by, training figures and

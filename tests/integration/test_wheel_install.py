@@ -46,8 +46,20 @@ def installed(tmp_path_factory) -> Path:
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, src / name)
     dist = work / "dist"
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-          "-w", str(dist), str(src)])  # fmt: skip
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(dist),
+            str(src),
+        ]
+    )
     [wheel] = dist.glob("mint-*.whl")
     venv = work / "venv"
     _run([sys.executable, "-m", "venv", str(venv)])
@@ -89,10 +101,14 @@ def test_the_installed_mint_runs_outside_the_tree(
     assert str(ROOT) not in where and str(installed.parent) in where, where
     assert run("--version").stdout.strip() == f"mint {_version()}"
     home_of = _run(
-        [str(installed / "python"), "-c",
-         "from schemas.settings import MintSettings as S; s = S(); print(s.state_dir, s.models_dir)"],
-        cwd=outside, env=env,
-    ).stdout.split()  # fmt: skip
+        [
+            str(installed / "python"),
+            "-c",
+            "from schemas.settings import MintSettings as S; s = S(); print(s.state_dir, s.models_dir)",
+        ],
+        cwd=outside,
+        env=env,
+    ).stdout.split()
     assert home_of == [str(home), str(home / "models")], "state under MINT_HOME"
 
     _, session = cassandra_cluster
@@ -102,14 +118,18 @@ def test_the_installed_mint_runs_outside_the_tree(
         shipped = {
             int(p.name.split("_")[0]) for p in (ROOT / "catalog" / "migrations").glob("*.cql")
         }
-        applied = {r.version for r in session.execute(
-            f"SELECT version FROM {settings.keyspace}.schema_migrations"
-        )}  # fmt: skip
+        applied = {
+            r.version
+            for r in session.execute(f"SELECT version FROM {settings.keyspace}.schema_migrations")
+        }
         assert applied == shipped, "every migration of the tree ships in the wheel"
-        tables = {r.table_name for r in session.execute(
-            "SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s",
-            (settings.keyspace,),
-        )}  # fmt: skip
+        tables = {
+            r.table_name
+            for r in session.execute(
+                "SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s",
+                (settings.keyspace,),
+            )
+        }
         assert {"revisions", "aliases", "schema_migrations"} <= tables, tables
         created = run("topics", "--create")
         assert f"{settings.topic_prefix}.infer.requests" in created.stdout + created.stderr

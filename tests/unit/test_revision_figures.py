@@ -135,16 +135,37 @@ def test_null_collections_read_as_empty() -> None:
 
 def _revision(n: int, training: dict) -> Revision:
     return Revision(
-        "acme", "math", n, DIGEST, f"file:///store/acme/math/{n}", "tiny", n - 1 or None,
-        AT, "trainer/test", None, {"rank": 8}, training,
-    )  # fmt: skip
+        "acme",
+        "math",
+        n,
+        DIGEST,
+        f"file:///store/acme/math/{n}",
+        "tiny",
+        n - 1 or None,
+        AT,
+        "trainer/test",
+        None,
+        {"rank": 8},
+        training,
+    )
 
 
 def _evaluation(n: int, suite: str, metrics: dict, thresholds: dict, failures=(), refused=None):
     return Evaluation(
-        "acme", "math", n, suite, DIGEST, metrics, thresholds, not failures and refused is None,
-        list(failures), refused, AT, "evaluator/test", uuid.uuid4(),
-    )  # fmt: skip
+        "acme",
+        "math",
+        n,
+        suite,
+        DIGEST,
+        metrics,
+        thresholds,
+        not failures and refused is None,
+        list(failures),
+        refused,
+        AT,
+        "evaluator/test",
+        uuid.uuid4(),
+    )
 
 
 REVISIONS = [

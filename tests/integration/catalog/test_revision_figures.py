@@ -58,14 +58,26 @@ def history(tenant, policy="math"):
     digest = first.payload.adapter_digest
     evals = [
         evaluated(
-            tenant, policy, 1, digest, "arith", {"accuracy": 0.82, "format": 1.0},
-            {"accuracy": {"min": 0.8}}, minute=3,
+            tenant,
+            policy,
+            1,
+            digest,
+            "arith",
+            {"accuracy": 0.82, "format": 1.0},
+            {"accuracy": {"min": 0.8}},
+            minute=3,
         ),
         evaluated(
-            tenant, policy, 1, digest, "safety", {"refusals": 0.3}, {"refusals": {"max": 0.1}},
+            tenant,
+            policy,
+            1,
+            digest,
+            "safety",
+            {"refusals": 0.3},
+            {"refusals": {"max": 0.1}},
             minute=4,
         ),
-    ]  # fmt: skip
+    ]
     return [first, second, *evals]
 
 

@@ -48,17 +48,43 @@ def _events(policy: str):
     answered = {"engine_id": "e0", "text": "4", "prompt_tokens": 3, "completion_tokens": 1}
     answered |= {"adapter_digest": DIGEST, "finish_reason": "stop"}
     return [  # published out of time order on purpose: the timeline sorts
-        ev(AliasMoved(alias="prod", to_revision=1, adapter_digest=DIGEST, store_uri=uri,
-                      cause="promote", reason="gate passed"), 3),
+        ev(
+            AliasMoved(
+                alias="prod",
+                to_revision=1,
+                adapter_digest=DIGEST,
+                store_uri=uri,
+                cause="promote",
+                reason="gate passed",
+            ),
+            3,
+        ),
         ev(UpdateCompleted(steps=4, loss=0.5, duration_s=2.0, exported=True), 0),
         ev(ExportCompleted(revision=1, **export), 1),
-        ev(EvalCompleted(revision=1, adapter_digest=DIGEST, suite="arith",
-                         metrics={"accuracy": 0.9}, passed=True), 2),
+        ev(
+            EvalCompleted(
+                revision=1,
+                adapter_digest=DIGEST,
+                suite="arith",
+                metrics={"accuracy": 0.9},
+                passed=True,
+            ),
+            2,
+        ),
         ev(InferCompleted(request_id="r1", revision=1, latency_ms=40.0, **answered), 4),
         ev(InferCompleted(request_id="r2", revision=1, latency_ms=60.0, **answered), 4.2),
-        ev(InferFailed(request_id="r3", ref=f"acme/{policy}@prod", stage="generate",
-                       error="x", engine_id="e0", revision=1), 4.4),
-    ]  # fmt: skip
+        ev(
+            InferFailed(
+                request_id="r3",
+                ref=f"acme/{policy}@prod",
+                stage="generate",
+                error="x",
+                engine_id="e0",
+                revision=1,
+            ),
+            4.4,
+        ),
+    ]
 
 
 def test_a_policys_steps_in_order_as_table_json_and_png(
