@@ -68,6 +68,9 @@ PRINCIPALS: dict[str, Grants] = {
             "eval.results",
             "serving.commands",
             "serving.events",
+            # a canary is judged on its answers and their feedback scores
+            "infer.results",
+            "feedback",
         ),
         writes=("eval.requests", "serving.events", "policy.state", "dlq"),
         groups=("controller",),
@@ -108,9 +111,15 @@ PRINCIPALS: dict[str, Grants] = {
     # lifecycle configuration to policy.config (gateway/lifecycle).
     "gateway": Grants(
         reads=("infer.results", "infer.deltas", "train.step.results", "serving.events"),
-        writes=("infer.requests", "train.steps", "serving.commands", "policy.config"),
+        writes=(
+            "infer.requests",
+            "train.steps",
+            "serving.commands",
+            "policy.config",
+            "feedback",
+        ),
     ),
-    "upstream": Grants(writes=REQUESTS),
+    "upstream": Grants(writes=(*REQUESTS, "feedback")),
     "downstream": Grants(reads=("infer.results",), groups=("downstream",)),
     # copies each answer to its tenant's topic (workers.router.ROUTER_GROUP)
     "router": Grants(
@@ -140,7 +149,7 @@ def bindings(settings: MintSettings) -> list:
     grants = dict(PRINCIPALS)
     grants[OPERATOR] = Grants(
         reads=tuple(TOPICS),
-        writes=(*REQUESTS, "serving.commands", "policy.config"),
+        writes=(*REQUESTS, "serving.commands", "policy.config", "feedback"),
         groups=("operator",),
     )
     for principal, g in grants.items():

@@ -51,8 +51,16 @@ _SPECS = [
     TopicSpec("export.events", "export.completed: new revisions", retention_ms=-1),
     TopicSpec("eval.requests", "eval.requested commands"),
     TopicSpec("eval.results", "eval.completed events", retention_ms=-1),
-    TopicSpec("serving.commands", "serving.promote / serving.rollback commands", retention_ms=-1),
-    TopicSpec("serving.events", "alias.moved events", retention_ms=-1),
+    TopicSpec(
+        "serving.commands",
+        "serving.promote / serving.rollback / serving.canary commands",
+        retention_ms=-1,
+    ),
+    TopicSpec(
+        "serving.events",
+        "alias.moved, canary.started|ended, serving.refused, policy.retired",
+        retention_ms=-1,
+    ),
     TopicSpec("load.requests", "load.requested cold loads (engines consume as a group)"),
     TopicSpec("load.events", "load.loaded / load.evicted / load.failed"),
     TopicSpec("infer.requests", "infer.requested (downstream requests)", retention_ms=DAY_MS),
@@ -61,6 +69,7 @@ _SPECS = [
     TopicSpec(
         "infer.deltas", "infer.delta: streamed text, keyed by reader", retention_ms=3_600_000
     ),
+    TopicSpec("feedback", "feedback.submitted: online scores of answers (canary judging)"),
     TopicSpec("dlq", "dead letters: original bytes + mint.dlq.* headers", retention_ms=30 * DAY_MS),
     TopicSpec("policy.state", "latest alias pointers per policy (compacted)", compacted=True),
     TopicSpec(

@@ -1,5 +1,13 @@
 """Payload models, one module per lifecycle stage."""
 
+from schemas.events.canary import (
+    CanaryCommand,
+    CanaryEnded,
+    CanaryRule,
+    CanarySide,
+    CanaryStarted,
+    FeedbackSubmitted,
+)
 from schemas.events.dead_letter import DeadLetter
 from schemas.events.evaluation import EvalCompleted, EvalRequested, Threshold, threshold_failures
 from schemas.events.export import ExportCompleted, TrainingFigures
@@ -42,11 +50,17 @@ __all__ = [
     "AdapterEvicted",
     "AdapterLoaded",
     "AliasMoved",
+    "CanaryCommand",
+    "CanaryEnded",
+    "CanaryRule",
+    "CanarySide",
+    "CanaryStarted",
     "ChatTurn",
     "DeadLetter",
     "EvalCompleted",
     "EvalRequested",
     "ExportCompleted",
+    "FeedbackSubmitted",
     "InferCancel",
     "InferChoice",
     "InferCompleted",

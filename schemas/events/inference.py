@@ -116,6 +116,15 @@ class InferRequested(Command):
         "infer.completed still follows with the whole answer",
     )
 
+    # Added (optional, backward compatible): who asks, for a canary's sticky routing (the same
+    # caller always gets the same side). The gateway sets the OpenAI ``user`` or the API key.
+    caller: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="the caller's identity for sticky canary routing (None: the request_id)",
+    )
+
     @model_validator(mode="after")
     def _token_prompt_is_raw(self) -> InferRequested:
         # Token ids are already what the template would produce: rendering them again is a

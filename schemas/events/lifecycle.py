@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import Field
 
 from schemas.envelope import Command
+from schemas.events.canary import CanaryRule
 from schemas.events.evaluation import Threshold
 from schemas.names import AliasName, MetricName
 
@@ -37,6 +38,10 @@ class PolicyConfigured(Command):
         ge=0.0,
         description="roll back when the metric falls more than this below the "
         "value it had when the revision was promoted",
+    )
+    # Added (optional, backward compatible): when a canary (`mint promote --canary`) wins.
+    canary: CanaryRule = Field(
+        default_factory=CanaryRule, description="when a canary of this policy wins or loses"
     )
     requested_by: str = Field("", max_length=256)
 

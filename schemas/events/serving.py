@@ -72,7 +72,7 @@ class ServingRefused(Payload):
     topic = "serving.events"
 
     command_id: uuid.UUID = Field(description="event_id of the refused command")
-    command_type: Literal["serving.promote", "serving.rollback"]
+    command_type: Literal["serving.promote", "serving.rollback", "serving.canary"]
     alias: AliasName
     reason: str = Field(max_length=2048, description="why, and what to do")
     current_revision: int | None = Field(
