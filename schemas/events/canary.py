@@ -13,7 +13,7 @@ from __future__ import annotations
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from schemas.envelope import Command, Payload
 from schemas.events.inference import REQUEST_ID_RE
@@ -120,6 +120,9 @@ class CanaryEnded(Payload):
     reason: str = Field("", max_length=2048)
     canary: CanarySide | None = None
     incumbent: CanarySide | None = None
+    deciding_event_at: AwareDatetime | None = Field(
+        None, description="time of the answer or score that decided it (None: a command did)"
+    )
     requested_by: str = Field("", max_length=256)
 
 

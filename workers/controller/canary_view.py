@@ -1,0 +1,63 @@
+"""What the controller knows of one alias's canary (``worker_state`` name ``controller.canary``,
+key ``tenant/policy@alias``): the routing it started, the rule it is judged by, what each side
+was seen to do, and the decision once there is one. ``mint canary status`` reads it live.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.events import CanaryRule, CanarySide
+
+CANARY_STATE = "controller.canary"
+EARLY_SCORES = 2_000  # scores read before their answer (topics are not ordered among each other)
+
+
+def canary_key(tenant: str, policy: str, alias: str) -> str:
+    return f"{tenant}/{policy}@{alias}"
+
+
+class CanaryDecision(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    outcome: Literal["promoted", "rolled_back"]
+    reason: str
+    decided_at: datetime
+    deciding_event_at: datetime | None = None
+    deciding_event_id: uuid.UUID
+    requested_by: str = ""
+    done: bool = False  # the catalog carried it out and the facts were published
+
+
+class CanaryView(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    canary_id: uuid.UUID
+    alias: str
+    revision: int
+    incumbent_revision: int
+    share: float
+    started_at: datetime
+    started_by: str = ""
+    rule: CanaryRule = Field(default_factory=CanaryRule)
+    canary: CanarySide
+    incumbent: CanarySide
+    # highest offset counted per "topic:partition": a redelivered answer or score counts once
+    offsets: dict[str, int] = Field(default_factory=dict)
+    early_scores: dict[str, float] = Field(default_factory=dict)
+    decision: CanaryDecision | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.decision is None
+
+    def side(self, revision: int | None) -> CanarySide | None:
+        if revision == self.revision:
+            return self.canary
+        if revision == self.incumbent_revision:
+            return self.incumbent
+        return None
