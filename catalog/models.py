@@ -107,8 +107,44 @@ class Evaluation:
 
 
 @dataclass(frozen=True)
+class CanaryRoute:
+    """An alias's running canary: ``share`` of its callers get ``revision``."""
+
+    canary_id: uuid.UUID
+    revision: int
+    digest: str
+    store_uri: str
+    share: float
+    incumbent_revision: int
+    started_at: datetime
+    started_by: str = ""
+
+
+@dataclass(frozen=True)
+class CanaryRecord:
+    """One canary of ``canary_history``: started, and (once ended) how and why."""
+
+    tenant: str
+    policy: str
+    alias: str
+    canary_id: uuid.UUID
+    revision: int
+    incumbent: int
+    share: float
+    started_at: datetime
+    started_by: str
+    reason: str
+    ended_at: datetime | None
+    outcome: str | None
+    end_reason: str | None
+    figures: dict
+    null_as: ClassVar[dict[str, Any]] = {"started_by": "", "reason": ""}
+
+
+@dataclass(frozen=True)
 class Resolved:
-    """What serving needs from a reference: which revision, its digest and where it lies."""
+    """What serving needs from a reference: which revision, its digest and where it lies;
+    for an alias with a running canary, the canary too (the engine picks per caller)."""
 
     tenant: str
     policy: str
@@ -116,6 +152,7 @@ class Resolved:
     digest: str
     store_uri: str
     alias: str | None = None
+    canary: CanaryRoute | None = None
 
 
 @dataclass(frozen=True)

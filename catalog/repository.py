@@ -29,6 +29,14 @@ from catalog.aliases import (
     AliasMoves,
 )
 from catalog.applied import APPLIED_STATEMENTS, AppliedEvents
+from catalog.canaries import (
+    CANARY_CONDITIONAL,
+    CANARY_FIELDS,
+    CANARY_SERIAL_READS,
+    CANARY_STATEMENTS,
+    Canaries,
+    route_of,
+)
 from catalog.cluster import Statements
 from catalog.evaluations import EVALUATION_FIELDS, EVALUATION_STATEMENTS, RevisionEvaluations
 from catalog.exceptions import (
@@ -63,7 +71,7 @@ _STATEMENTS = {
     ),
     "_list_revisions": "SELECT {revision_cols} FROM {ks}.revisions WHERE tenant = ? AND policy = ?",
     "_resolve_alias": (
-        "SELECT revision, digest, store_uri FROM {ks}.aliases "
+        "SELECT revision, digest, store_uri, {canary_route} FROM {ks}.aliases "
         "WHERE tenant = ? AND policy = ? AND alias = ?"
     ),
 }
@@ -77,7 +85,9 @@ _CONDITIONAL = {
 }
 
 
-class CatalogRepository(AliasMoves, AppliedEvents, RevisionEvaluations, PolicyRetirements):
+class CatalogRepository(
+    AliasMoves, AppliedEvents, Canaries, RevisionEvaluations, PolicyRetirements
+):
     """All catalog reads and writes for one keyspace. Thread-safe (the driver session is).
 
     Policies, revisions and resolution are here; alias moves and history in
@@ -93,6 +103,7 @@ class CatalogRepository(AliasMoves, AppliedEvents, RevisionEvaluations, PolicyRe
             "ks": keyspace,
             "revision_cols": _REVISION_COLS,
             **ALIAS_FIELDS,
+            **CANARY_FIELDS,
             **EVALUATION_FIELDS,
         }
         prepare = self._cql.prepare_table
@@ -102,11 +113,13 @@ class CatalogRepository(AliasMoves, AppliedEvents, RevisionEvaluations, PolicyRe
             ALIAS_STATEMENTS,
             EVALUATION_STATEMENTS,
             RETIREMENT_STATEMENTS,
+            CANARY_STATEMENTS,
         ):
             prepare(self, table, fields=fields)
-        for table in (_CONDITIONAL, ALIAS_CONDITIONAL):
+        for table in (_CONDITIONAL, ALIAS_CONDITIONAL, CANARY_CONDITIONAL):
             prepare(self, table, fields=fields, serial=True)
         prepare(self, ALIAS_SERIAL_READS, fields=fields, serial_read=True)
+        prepare(self, CANARY_SERIAL_READS, fields=fields, serial_read=True)
         self.registrar = Registrar(self)
         # tenant -> its created_at as this repository last saw it (a tenant row is never deleted)
         self._tenants: dict[str, datetime] = {}
@@ -341,7 +354,9 @@ class CatalogRepository(AliasMoves, AppliedEvents, RevisionEvaluations, PolicyRe
                 f"(`mint catalog promote {r} --to N`)"
             )
             row = self._pointer(self._resolve_alias, r, r.alias, missing)
-            return Resolved(r.tenant, r.policy, row.revision, row.digest, row.store_uri, r.alias)
+            return Resolved(
+                r.tenant, r.policy, row.revision, row.digest, row.store_uri, r.alias, route_of(row)
+            )
         number = r.revision
         if r.digest is not None:
             missing = RevisionNotFound(

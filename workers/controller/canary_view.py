@@ -1,5 +1,5 @@
-"""What the controller knows of one alias's canary (``worker_state`` name ``controller.canary``,
-key ``tenant/policy@alias``): the routing it started, the rule it is judged by, what each side
+"""What the controller knows of a policy's canary (``worker_state`` name ``controller.canary``,
+key ``tenant/policy``: one canary per policy at a time, on the alias it names): the routing it started, the rule it is judged by, what each side
 was seen to do, and the decision once there is one. ``mint canary status`` reads it live.
 """
 
@@ -17,8 +17,9 @@ CANARY_STATE = "controller.canary"
 EARLY_SCORES = 2_000  # scores read before their answer (topics are not ordered among each other)
 
 
-def canary_key(tenant: str, policy: str, alias: str) -> str:
-    return f"{tenant}/{policy}@{alias}"
+def canary_key(tenant: str, policy: str) -> str:
+    """The view's key: the policy (its latest canary, running or decided)."""
+    return f"{tenant}/{policy}"
 
 
 class CanaryDecision(BaseModel):

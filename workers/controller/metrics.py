@@ -13,7 +13,8 @@ its outputs and counts nothing again.
 - ``mint_controller_evaluations_ignored_total{reason}``: results that decide nothing:
   ``other_suite`` (not the policy's configured suite, or no configuration) or ``refused`` (the
   evaluator did not run it);
-- ``mint_controller_stale_moves_total``: alias moves older than the view (a replay): not applied.
+- ``mint_controller_stale_moves_total``: alias moves older than the view (a replay): not applied;
+- ``mint_controller_canaries_total{step}``: canaries ``started``, ``promoted``, ``rolled_back``.
 """
 
 from __future__ import annotations
@@ -40,5 +41,7 @@ STALE_MOVES = Counter(
     "mint_controller_stale_moves",
     "alias moves older than the controller's view (replays), not applied",
 )
+
+CANARIES = Counter("mint_controller_canaries", "canaries started and ended, by step", ["step"])
 
 PASSED, FAILED = GATE_VERDICTS.labels("passed"), GATE_VERDICTS.labels("failed")

@@ -32,13 +32,25 @@ from catalog.projection import execute_serving_command
 from catalog.repository import CatalogRepository
 from catalog.state import StateTable
 from schemas import Envelope
-from schemas.events import AliasMoved, PromoteCommand, RollbackCommand
+from schemas.events import (
+    AliasMoved,
+    CanaryCommand,
+    CanaryEnded,
+    CanaryStarted,
+    FeedbackSubmitted,
+    InferCompleted,
+    InferFailed,
+    PromoteCommand,
+    RollbackCommand,
+)
 from schemas.logs import configure_logging
 from schemas.settings import MintSettings, get_settings
 from streams import health
 from streams.group import run_consumer
 from streams.producer import EventProducer
 from streams.records import ConsumerStats, stop_on_signals
+from workers.controller.canary import CanaryJudge
+from workers.controller.canary_view import CANARY_STATE
 from workers.controller.logic import (
     CONFIGS_STATE,
     LIFECYCLE_STATE,
@@ -59,6 +71,9 @@ SOURCE_TOPICS = (
     "eval.results",
     "serving.commands",
     "serving.events",
+    # a running canary is judged on its answers and their scores (workers.controller.canary)
+    "infer.results",
+    "feedback",
 )
 
 
@@ -91,16 +106,34 @@ def run_controller(
     try:
         check_schema(session, settings.keyspace)
         repo = CatalogRepository(session, settings.keyspace)
-        controller = Controller(
-            StateTable(session, settings.keyspace, CONFIGS_STATE),
-            StateTable(session, settings.keyspace, LIFECYCLE_STATE),
+        configs = StateTable(session, settings.keyspace, CONFIGS_STATE)
+        controller = Controller(configs, StateTable(session, settings.keyspace, LIFECYCLE_STATE))
+        judge = CanaryJudge(
+            repo,
+            StateTable(session, settings.keyspace, CANARY_STATE),
+            configs,
+            producer=PRODUCER,
         )
 
-        def handle(env: Envelope[Any], record) -> None:
+        def decide(env: Envelope[Any], record) -> list[Envelope[Any]]:
+            p = env.payload
+            if isinstance(p, (InferCompleted, InferFailed, FeedbackSubmitted)):
+                return judge.observe(env, record)
+            if isinstance(p, CanaryCommand):
+                return judge.start(env)
+            if isinstance(p, (CanaryStarted, CanaryEnded)):
+                return []  # this controller's own facts, read back
+            if isinstance(p, RollbackCommand):
+                view = judge.live(env.tenant, env.policy, p.alias)
+                if view is not None:  # rolling back a canary ends it; the alias stays
+                    return judge.end_by_command(env, view)
             moved = refusal = None
-            if isinstance(env.payload, (PromoteCommand, RollbackCommand)):
+            if isinstance(p, (PromoteCommand, RollbackCommand)):
                 moved, refusal = execute(repo, env)
-            out = controller.handle(env, moved, refusal)  # the state is saved by now
+            return controller.handle(env, moved, refusal)  # the state is saved by now
+
+        def handle(env: Envelope[Any], record) -> None:
+            out = decide(env, record)
             if out:
                 producer.publish_many(out)
             for e in out:

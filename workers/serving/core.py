@@ -43,6 +43,7 @@ from schemas.events import (
     AdapterEvicted,
     AdapterLoaded,
     AliasMoved,
+    CanaryStarted,
     InferCancel,
     InferRequested,
     LoadRequested,
@@ -61,7 +62,7 @@ from workers.serving.engine import GenRequest, LoraHandle
 from workers.serving.exceptions import RequestRefused
 from workers.serving.flights import Flights
 from workers.serving.loads import PREFETCH, ColdLoads, adapter_key, load_ref
-from workers.serving.resolution import ResolutionCache
+from workers.serving.resolution import ResolutionCache, route
 from workers.serving.scheduler import DemandScheduler
 from workers.serving.working_set import WorkingSet
 
@@ -191,6 +192,7 @@ class ServingCore:
             self._take(env.event_id)
             return [self.answers.failed(env, ref, "resolve", reason(e, plain=True), t0=t0)]
         self._take(env.event_id)
+        res = route(res, env.payload.caller or env.payload.request_id)
         pending = Pending(env, res, res.alias, received=t0)
         key = adapter_key(res)
         if self.ws.ready_for(res):
@@ -208,6 +210,18 @@ class ServingCore:
         if env.occurred_at < self.started_at or self.ws.ready_for(res):
             return []
         if not self.serves(env.tenant, env.policy):
+            return []
+        return [self.loads.ask(env, res, reason=PREFETCH, priority=9)]
+
+    def on_canary(self, env: Envelope[Any]) -> list[Envelope[Any]]:
+        """A canary started or ended: the alias is resolved afresh on its next request; the
+        engine that serves the policy prefetches a new canary's adapter."""
+        self.resolver.apply(env)
+        p = env.payload
+        if not isinstance(p, CanaryStarted) or env.occurred_at < self.started_at:
+            return []
+        res = Resolved(env.tenant, env.policy, p.revision, p.adapter_digest, p.store_uri, p.alias)
+        if self.ws.ready_for(res) or not self.serves(env.tenant, env.policy):
             return []
         return [self.loads.ask(env, res, reason=PREFETCH, priority=9)]
 

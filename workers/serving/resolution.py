@@ -13,6 +13,7 @@ catalog's move counter) is the newer; moves published before ``seq`` existed com
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections import OrderedDict
@@ -22,7 +23,7 @@ from typing import Any
 from catalog.models import Resolved
 from catalog.refs import Ref, parse_ref
 from schemas.envelope import Envelope
-from schemas.events import AliasMoved
+from schemas.events import AliasMoved, CanaryEnded, CanaryStarted
 
 
 class ResolutionCache:
@@ -78,8 +79,13 @@ class ResolutionCache:
 
     def apply(self, env: Envelope[Any]) -> Resolved | None:
         """Take an ``alias.moved`` event: the new target replaces the cached answer, unless a
-        newer move of that alias was applied already (then None, as for any other event)."""
+        newer move of that alias was applied already (then None, as for any other event). A
+        canary's start or end drops the cached answer: the next request reads the catalog row,
+        which the controller changed before it published the fact."""
         p = env.payload
+        if isinstance(p, (CanaryStarted, CanaryEnded)):
+            self.invalidate(env.tenant, env.policy, p.alias)
+            return None
         if not isinstance(p, AliasMoved):
             return None
         key = Ref(env.tenant, env.policy, alias=p.alias)
@@ -109,3 +115,21 @@ class ResolutionCache:
             while len(self._newest) > self.max_entries:
                 self._newest.popitem(last=False)
             return True
+
+
+def canary_bucket(canary_id: Any, caller: str) -> float:
+    """Where ``caller`` falls in [0, 1) for this canary: the same caller always falls in the
+    same place (sticky), and each canary (its id is the salt) draws its callers afresh."""
+    digest = hashlib.sha256(f"{canary_id}:{caller}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def route(res: Resolved, caller: str) -> Resolved:
+    """The revision that answers ``caller``: the canary's for its share of callers, else the
+    alias's own. The answer carries no canary (it is one revision)."""
+    c = res.canary
+    if c is None:
+        return res
+    if canary_bucket(c.canary_id, caller) < c.share:
+        return Resolved(res.tenant, res.policy, c.revision, c.digest, c.store_uri, res.alias)
+    return Resolved(res.tenant, res.policy, res.revision, res.digest, res.store_uri, res.alias)

@@ -39,6 +39,8 @@ from kafka.errors import KafkaError
 from schemas.envelope import Envelope
 from schemas.events import (
     AliasMoved,
+    CanaryEnded,
+    CanaryStarted,
     InferCancel,
     InferCompleted,
     InferFailed,
@@ -225,6 +227,8 @@ class ServingWorker:
     def _on_event(self, env: Envelope[Any], _record) -> None:
         if isinstance(env.payload, AliasMoved):
             self._outbox += self.core.on_alias_moved(env)
+        elif isinstance(env.payload, (CanaryStarted, CanaryEnded)):
+            self._outbox += self.core.on_canary(env)
 
     def _on_record(self, env: Envelope[Any], record) -> None:
         tp = TopicPartition(record.topic, record.partition)
