@@ -19,6 +19,8 @@ import structlog
 
 from catalog.exceptions import AliasConflict, AliasNotFound, Conflict
 from catalog.models import CanaryRecord, CanaryRoute, from_row, utc
+from schemas.envelope import Envelope
+from schemas.events import CanaryEnded, CanaryStarted
 
 if TYPE_CHECKING:
     from catalog.repository import CatalogRepository
@@ -160,10 +162,6 @@ class Canaries:
                 f"{row.revision}): re-read it and retry",
                 current=row.revision,
             )
-        self._run(
-            self._ins_canary_history,
-            (tenant, policy, alias, canary_id, revision, cur.revision, share, at, by, reason),
-        )
         log.info("canary started", ref=ref, revision=revision, incumbent=cur.revision, share=share)
         return CanaryRoute(
             canary_id, revision, target.digest, target.store_uri, share, cur.revision, at, by
@@ -175,21 +173,31 @@ class Canaries:
         policy: str,
         alias: str,
         canary_id: uuid.UUID,
-        *,
-        outcome: str,
-        reason: str,
-        figures: dict[str, Any] | None = None,
-        at: datetime | None = None,
     ) -> None:
-        """Stop routing to the canary ``canary_id`` and record how it ended. Idempotent: a
-        canary already ended (or replaced) is left as it is; its history row is written again
-        with the same values."""
+        """Stop routing to the canary ``canary_id``. Idempotent: a canary already ended (or
+        replaced) is left as it is."""
         self._one(self._cas_end_canary, (tenant, policy, alias, canary_id))
-        self._run(
-            self._end_canary_history,
-            (utc(at), outcome, reason, json.dumps(figures or {}), tenant, policy, alias, canary_id),
-        )
-        log.info("canary ended", ref=f"{tenant}/{policy}@{alias}", outcome=outcome)
+        log.info("canary ended", ref=f"{tenant}/{policy}@{alias}")
+
+    def record_canary(self: CatalogRepository, env: Envelope[Any]) -> None:
+        """Write a ``canary.started`` or ``canary.ended`` fact to ``canary_history``: by the
+        controller that carried it out, and by the projector that reads it back (the same
+        values from the same fact, so a rebuild of the log writes the same rows)."""
+        p, key = env.payload, (env.tenant, env.policy, env.payload.alias, env.payload.canary_id)
+        at = utc(env.occurred_at)
+        if isinstance(p, CanaryStarted):
+            row = (p.revision, p.incumbent_revision, p.share, at, p.requested_by, p.reason)
+            self._run(self._ins_canary_history, key + row)
+        elif isinstance(p, CanaryEnded):
+            figures = {
+                side: getattr(p, side).model_dump(mode="json")
+                for side in ("canary", "incumbent")
+                if getattr(p, side) is not None
+            }
+            ended = (at, p.outcome, p.reason, json.dumps(figures, sort_keys=True))
+            self._run(self._end_canary_history, ended + key)
+        else:
+            raise TypeError(f"{env.type!r} is not a canary fact")
 
     def canary_history(
         self: CatalogRepository, tenant: str, policy: str, alias: str | None = None

@@ -32,6 +32,8 @@ from catalog.repository import CatalogRepository
 from schemas import Envelope, make_event
 from schemas.events import (
     AliasMoved,
+    CanaryEnded,
+    CanaryStarted,
     EvalCompleted,
     ExportCompleted,
     PolicyRetirement,
@@ -46,6 +48,8 @@ PROJECTED_TYPES = (
     AliasMoved.event_type,
     EvalCompleted.event_type,
     PolicyRetirement.event_type,
+    CanaryStarted.event_type,
+    CanaryEnded.event_type,
 )
 # AliasMoved ids derive from their command's id, so a redelivered command re-emits the same fact.
 _MOVE_NS = uuid.UUID("5b0f2a9e-3c1d-4e7a-9f1b-6d2c8a4e0b17")
@@ -176,6 +180,9 @@ def _apply_one(repo: CatalogRepository, env: Envelope[Any]) -> int | None:
             by=p.requested_by or env.producer,
         )
         return None
+    if isinstance(p, (CanaryStarted, CanaryEnded)):
+        repo.record_canary(env)  # the controller wrote the same row when it carried it out
+        return p.revision
     raise TypeError(f"{env.type!r} is not projected")  # PROJECTED_TYPES and this disagree
 
 

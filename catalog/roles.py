@@ -40,7 +40,8 @@ RIGHTS: dict[str, Rights] = {
     "projector": Rights(reads=CATALOG + MIGRATIONS, modifies=CATALOG + MIGRATIONS, schema=True),
     # serving commands: aliases moved by compare-and-set, their history; its decisions' state
     "controller": Rights(
-        reads=CATALOG + STATE, modifies=("aliases", "alias_history", "worker_state")
+        reads=CATALOG + STATE,
+        modifies=("aliases", "alias_history", "worker_state", "canary_history", "canary_answers"),
     ),
     # a policy's first update creates it; exports register revisions (by digest, by event id)
     "trainer": Rights(

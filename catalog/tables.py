@@ -14,8 +14,11 @@ CATALOG = (
     "alias_history",
     "applied_events",
     "revision_evaluations",
+    "canary_history",
 )
-STATE = ("worker_state",)
+# worker_state: stream processors' documents; canary_answers: the controller's join of feedback
+# scores to the revision that answered
+STATE = ("worker_state", "canary_answers")
 ACCESS = ("tenant_access", "api_keys", "api_keys_by_tenant")
 MIGRATIONS = ("schema_migrations",)
 TABLES = CATALOG + STATE + ACCESS + MIGRATIONS

@@ -172,8 +172,10 @@ class CanaryJudge:
             incumbent=side(revision=route.incumbent_revision),
         )
         self._save(t, pol, view)
+        fact = self._started(cmd, view)
+        self.repo.record_canary(fact)
         metrics.CANARIES.labels("started").inc()
-        return [self._started(cmd, view)]
+        return [fact]
 
     def _rule(self, policy_id: str) -> CanaryRule:
         cfg = self.configs.get(policy_id) or {}
@@ -329,17 +331,7 @@ class CanaryJudge:
                 )
             except AliasConflict as e:  # moved by hand meanwhile: the canary no longer applies
                 outcome, reason = "rolled_back", f"not promoted: {e}"
-        figures = {"canary": view.canary.model_dump(), "incumbent": view.incumbent.model_dump()}
-        self.repo.end_canary(
-            tenant,
-            policy,
-            view.alias,
-            view.canary_id,
-            outcome=outcome,
-            reason=reason,
-            figures=figures,
-            at=d.decided_at,
-        )
+        self.repo.end_canary(tenant, policy, view.alias, view.canary_id)
         ended = CanaryEnded(
             alias=view.alias,
             canary_id=view.canary_id,
@@ -353,6 +345,7 @@ class CanaryJudge:
             requested_by=d.requested_by,
         )
         out.append(self._fact(ended, tenant, policy, view, "ended", d.decided_at, command))
+        self.repo.record_canary(out[-1])
         if move is not None:
             target = self.repo.resolve(f"{tenant}/{policy}@{view.revision}")
             moved = AliasMoved(

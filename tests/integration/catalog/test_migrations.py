@@ -33,10 +33,11 @@ def test_migrate_creates_every_table_once_and_is_idempotent(fresh_keyspace, base
             "SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s", (ks,)
         )
     }
-    # The projection's tables, the migrations' record, stream processors' state, and the
-    # gateway's access configuration (tenants' rates, API keys).
+    # The projection's tables, the migrations' record, stream processors' state (and the
+    # controller's canary joins), and the gateway's access configuration (rates, API keys).
     access = {"tenant_access", "api_keys", "api_keys_by_tenant"}
-    assert set(TABLES) | {"schema_migrations", "worker_state"} | access == tables
+    state = {"worker_state", "canary_answers"}
+    assert set(TABLES) | {"schema_migrations"} | state | access == tables
     assert migrate(session, ks, base_settings.keyspace_replication) == []
     assert applied_versions(session, ks) == versions
 

@@ -25,6 +25,7 @@ from schemas.events import (
 )
 from streams.producer import EventProducer
 from tests.integration.lifecycle._helpers import wait_until
+from tests.integration.lifecycle._replay import assert_catalog_equals_replay
 from tests.integration.lifecycle.test_controller import export
 from workers.controller.canary_view import CANARY_STATE, CanaryView, canary_key
 from workers.controller.logic import CONFIGS_STATE
@@ -61,6 +62,7 @@ def _traffic(repo, producer, tenant, policy, n, scores, salt):
 def test_canary_promotes_ends_and_rolls_back_on_what_serving_sees(settings, live, procs):
     repo = CatalogRepository(live, settings.keyspace)
     tenant, policy = "acme", "canaried"
+    projector = procs(settings, "projector", "projector")
     controller = procs(settings, "controller", "controller")
     client = MintClient(settings, tenant, producer="test", timeout_s=120)
     producer = EventProducer(settings)
@@ -150,7 +152,20 @@ def test_canary_promotes_ends_and_rolls_back_on_what_serving_sees(settings, live
         ]
         assert "not today" in history[0].end_reason
         assert [h.to_revision for h in repo.alias_history(tenant, policy, "prod")] == [2, 1]
+        # The projector writes the same canary history from the facts it reads back.
+        wait_until(
+            lambda: all(h.outcome for h in repo.canary_history(tenant, policy)),
+            30,
+            "history projected",
+            projector,
+        )
     finally:
         client.close()
         producer.close()
         controller.stop()
+        projector.stop()
+    # The catalog, canary history included, equals a replay of the log into an empty keyspace.
+    try:
+        assert_catalog_equals_replay(settings, live)
+    finally:
+        live.execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}_rb", timeout=60)
