@@ -155,6 +155,7 @@ def _print_status(settings=None) -> bool:
 def _register_commands() -> None:
     # Each area owns one module under mint/commands/ and lists its commands there.
     from mint.commands import (
+        canary,
         catalog,
         gateway,
         lifecycle,
@@ -165,7 +166,8 @@ def _register_commands() -> None:
         workers,
     )
 
-    for module in (streams, catalog, models, workers, lifecycle, timeline, security, gateway):
+    modules = (streams, catalog, models, workers, lifecycle, canary, timeline, security, gateway)
+    for module in modules:
         for command in module.COMMANDS:
             main.add_command(command)
 

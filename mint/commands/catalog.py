@@ -14,6 +14,7 @@ import click
 from rich.console import Console
 
 from mint.commands.args import tenant_policy
+from mint.commands.canary import ended_line, say
 from mint.commands.cassandra import catalog_session
 from mint.commands.catalog_import import import_cmd
 from mint.commands.errors import one_line_errors
@@ -213,6 +214,9 @@ def _move(reference: str, call: Callable[[Any, str, str], Any], timeout: float, 
         timeout_s=timeout,
         by=by,
     )
+    if moved.type == "canary.ended":  # a rollback ends a running canary: the alias stays
+        say(ended_line(moved))
+        return
     p = moved.payload
     console.print(
         f"{moved.tenant}/{moved.policy}@{p.alias}: {p.from_revision or '-'} -> "
@@ -265,7 +269,7 @@ def rollback_cmd(reference: str, to: int | None, reason: str, by: str, timeout: 
     """Move tenant/policy@alias back to its previous target (or to --to).
 
     Publishes serving.rollback and waits for the controller to carry it out, as `mint rollback`
-    does."""
+    does (a running canary of the alias is ended instead: the alias stays)."""
     _move(
         reference,
         lambda c, policy, alias: c.rollback(policy, alias=alias, to_revision=to, reason=reason),

@@ -7,7 +7,6 @@ workers running (`mint worker controller`, …). Reads come from the catalog (Ca
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Callable
 
@@ -15,17 +14,21 @@ import click
 from rich.console import Console
 
 from mint.commands.args import tenant_policy
+from mint.commands.canary import ended_line, say, started_line, started_rule
 from mint.commands.errors import one_line_errors
 from mint.commands.inference import infer  # listed here: a policy's verbs stay together
 from mint.commands.listing import output_option, print_rows, text, when
-from mint.commands.policy_status import policies_retire, policies_show
+from mint.commands.policy_status import (
+    parse_gate,  # noqa: F401  (its callers and tests import it from here)
+    policies_configure,
+    policies_retire,
+    policies_show,
+)
 from mint.commands.revisions import revision  # `mint revision show`: beside `mint revisions`
 from schemas.settings import get_settings
 
 console = Console(stderr=True)
 out = Console()
-
-GATE_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._/-]*)\s*(>=|<=)\s*(-?[0-9.eE+-]+)$")
 
 
 def _client(tenant: str, timeout_s: float = 60.0, producer: str = "cli"):
@@ -37,11 +40,12 @@ def _client(tenant: str, timeout_s: float = 60.0, producer: str = "cli"):
 def move_alias(
     tenant: str, policy: str, alias: str, call: Callable, *, timeout_s: float, by: str = "cli"
 ):
-    """Publish a serving command (``call(client)``: the SDK's promote or rollback) and wait for
-    the controller's answer: the ``alias.moved`` it returns, or an error that says whether
-    anything was sent. The one path of every operator alias command (`mint promote|rollback`,
-    `mint catalog promote|rollback`): the controller is the only writer of aliases, so the
-    catalog never moves without its ``alias.moved`` in the log."""
+    """Publish a serving command (``call(client)``: the SDK's promote, canary or rollback) and
+    wait for the controller's answer: the ``alias.moved``, ``canary.started`` or
+    ``canary.ended`` it returns, or an error that says whether anything was sent. The one path
+    of every operator alias command (`mint promote|rollback`, `mint catalog promote|rollback`):
+    the controller is the only writer of aliases, so the catalog never moves without its
+    ``alias.moved`` in the log."""
     from mint.sdk import MintError
     from mint.sdk.exceptions import WaitTimeout
     from streams.exceptions import KafkaUnavailable, PublishError
@@ -56,24 +60,10 @@ def move_alias(
         raise MintError(f"{e}; check `mint history {where}` before sending it again") from None
     except WaitTimeout as e:
         raise MintError(
-            f"{e} The command stays on serving.commands: the controller moves "
+            f"{e} The command stays on serving.commands: the controller carries it out on "
             f"{where} when it runs (`mint worker controller`); check `mint history "
             f"{where}` before sending it again"
         ) from None
-
-
-def parse_gate(items: tuple[str, ...]) -> dict[str, dict[str, float]]:
-    """``reward>=0.6`` ``loss<=2`` → thresholds (both bounds on one metric are allowed)."""
-    gate: dict[str, dict[str, float]] = {}
-    for item in items:
-        m = GATE_RE.match(item.strip())
-        if not m:
-            raise click.BadParameter(
-                f"--gate {item!r} is not METRIC>=VALUE or METRIC<=VALUE (e.g. --gate reward>=0.6)"
-            )
-        name, op, value = m.groups()
-        gate.setdefault(name, {})["min" if op == ">=" else "max"] = float(value)
-    return gate
 
 
 # ---------------------------------------------------------------------- policies
@@ -88,7 +78,8 @@ def policies() -> None:
       every exported revision is evaluated on the policy's suite (`mint worker evaluator`);
       a revision whose metrics meet every --gate threshold is promoted to --promote-to;
       when an evaluation of the serving revision shows --rollback-metric fallen more than
-      --tolerance below its value at promotion, the alias is rolled back automatically.
+      --tolerance below its value at promotion, the alias is rolled back automatically;
+      a canary (`mint promote T/P@N --canary 0.1`) is promoted or ended by the --canary-* rule.
     """
 
 
@@ -140,47 +131,10 @@ def policies_list(tenant: str | None, output: str) -> None:
     print_rows(out, rows, columns, output)
 
 
-# `mint policies show|retire` (mint/commands/policy_status.py)
+# `mint policies configure|show|retire` (mint/commands/policy_status.py)
+policies.add_command(policies_configure)
 policies.add_command(policies_show)
 policies.add_command(policies_retire)
-
-
-@policies.command("configure")
-@click.argument("policy_id")
-@click.option("--base-model", required=True, help="Base model path or id the policy trains on.")
-@click.option("--suite", required=True, help="Evaluation suite (see workers/evaluator/suites.py).")
-@click.option("--gate", multiple=True, help="Threshold METRIC>=X or METRIC<=X (repeatable).")
-@click.option("--promote-to", default="prod", help="Alias a passing revision moves to.")
-@click.option("--no-auto-promote", is_flag=True, help="Evaluate, but let people promote.")
-@click.option("--rollback-metric", default=None, help="Metric watched on the serving revision.")
-@click.option("--tolerance", default=0.0, help="Allowed drop before rollback.")
-@one_line_errors
-def policies_configure(
-    policy_id, base_model, suite, gate, promote_to, no_auto_promote, rollback_metric, tolerance
-) -> None:
-    """Publish a policy's lifecycle configuration (policy.configured, compacted topic).
-
-    \b
-    Example:
-      mint policies configure acme/math-rl --base-model ./models/llama --suite toy-even \\
-          --gate reward>=0.6 --rollback-metric reward --tolerance 0.05
-    """
-    tenant, policy = tenant_policy(policy_id)
-    with _client(tenant) as c:
-        env = c.create_policy(
-            policy,
-            base_model=base_model,
-            suite=suite,
-            thresholds=parse_gate(gate),
-            promote_to=promote_to,
-            auto_promote=not no_auto_promote,
-            rollback_metric=rollback_metric,
-            rollback_tolerance=tolerance,
-        )
-    console.print(
-        f"configured {policy_id}: suite {suite}, gate {dict(parse_gate(gate)) or 'none'}"
-        f" → {promote_to} (event {env.event_id})"
-    )
 
 
 # ---------------------------------------------------------------------- revisions, history
@@ -256,33 +210,67 @@ def print_history(moves, output: str, title: str | None = None) -> None:
 # ---------------------------------------------------------------------- promote, rollback
 
 
+def _share(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    if value is not None and not 0.0 < value < 1.0:  # NaN fails too
+        raise click.BadParameter(
+            f"{value:g} is not a share of the callers: give 0 < SHARE < 1 "
+            "(0.1: one caller in ten gets the new revision)"
+        )
+    return value
+
+
 @click.command("promote")
 @click.argument("reference")
 @click.option("--alias", default="prod")
 @click.option("--expected", type=int, default=None, help="Move only if the alias is here now.")
+@click.option(
+    "--canary",
+    type=float,
+    default=None,
+    callback=_share,
+    metavar="SHARE",
+    help="Send only this share of the alias's callers (0 < SHARE < 1) to the revision; the "
+    "controller promotes it or ends it by the policy's canary rule.",
+)
 @click.option("--reason", default="", show_default=False, help="Recorded in the alias history.")
 @click.option("--timeout", default=60.0, help="Seconds to wait for the move.")
 @one_line_errors
-def promote(reference: str, alias: str, expected: int | None, reason: str, timeout: float) -> None:
+def promote(
+    reference: str,
+    alias: str,
+    expected: int | None,
+    canary: float | None,
+    reason: str,
+    timeout: float,
+) -> None:
     """Move an alias to a revision: `mint promote acme/math-rl@7`.
 
     Publishes serving.promote; the controller carries it out by compare-and-set on the catalog
     and publishes alias.moved, which this command waits for, or serving.refused, whose reason
-    it prints at once (exit 1): e.g. `--expected 3` while the alias is at 4."""
+    it prints at once (exit 1): e.g. `--expected 3` while the alias is at 4.
+
+    \b
+    A canary release instead: `mint promote acme/math-rl@7 --canary 0.1`
+    publishes serving.canary and waits for canary.started: a tenth of prod's callers (the
+    same caller always on the same side) get revision 7, the rest stay where prod points;
+    the controller judges it (`mint canary status acme/math-rl`) and promotes or ends it
+    (`mint rollback acme/math-rl` ends it by hand)."""
     tenant, policy = tenant_policy(reference)
     rev = reference.partition("@")[2]
     if not rev.isdigit():
         raise click.BadParameter(f"{reference!r} names no revision (tenant/policy@N)")
-    moved = move_alias(
-        tenant,
-        policy,
-        alias,
-        lambda c: c.promote(
-            policy, int(rev), alias=alias, expected_revision=expected, reason=reason
-        ),
-        timeout_s=timeout,
-    )
-    p = moved.payload
+
+    def send(c):
+        answer = c.promote(
+            policy, int(rev), alias=alias, expected_revision=expected, reason=reason, canary=canary
+        )
+        return answer, (started_rule(c, answer) if canary is not None else None)
+
+    answer, rule = move_alias(tenant, policy, alias, send, timeout_s=timeout)
+    if canary is not None:
+        say(started_line(answer, rule))
+        return
+    p = answer.payload
     console.print(f"{tenant}/{policy}@{alias}: {p.from_revision or '-'} → {p.to_revision}")
 
 
@@ -298,7 +286,9 @@ def rollback(
 ) -> None:
     """Move an alias back (to where it pointed before its latest move, or --to N).
 
-    Two rollbacks in a row return to where they started (like `kubectl rollout undo`)."""
+    Two rollbacks in a row return to where they started (like `kubectl rollout undo`).
+    While a canary of the alias runs (`mint promote T/P@N --canary`), it ends the canary
+    instead and the alias stays where it is: `mint rollback acme/math-rl`."""
     tenant, policy = tenant_policy(policy_id)
     moved = move_alias(
         tenant,
@@ -307,6 +297,9 @@ def rollback(
         lambda c: c.rollback(policy, alias=alias, to_revision=to_revision, reason=reason),
         timeout_s=timeout,
     )
+    if moved.type == "canary.ended":
+        say(ended_line(moved))
+        return
     p = moved.payload
     console.print(
         f"{tenant}/{policy}@{alias}: {p.from_revision or '-'} → {p.to_revision} (rollback)"

@@ -1,4 +1,5 @@
-"""`mint policies show|retire`: one policy's state, and retiring or restoring it.
+"""`mint policies configure|show|retire`: one policy's lifecycle configuration, its state, and
+retiring or restoring it.
 
 Retirement is a fact in the log (``policy.retired`` on serving.events) that the projector
 records on the policy's catalog row, so `mint catalog rebuild` gives the same row. While a
@@ -9,6 +10,7 @@ and aliases stay readable and served. ``--undo`` restores it.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import click
@@ -16,8 +18,10 @@ from rich.console import Console
 from rich.table import Table
 
 from mint.commands.args import tenant_policy
+from mint.commands.canary import describe_rule
 from mint.commands.errors import one_line_errors
 from mint.commands.listing import _plain, object_output_option
+from schemas.events import CanaryRule
 from schemas.settings import get_settings
 
 console = Console(stderr=True)
@@ -28,6 +32,111 @@ def _client(tenant: str, timeout_s: float):
     from mint.sdk import MintClient
 
     return MintClient(get_settings(), tenant, producer="cli", timeout_s=timeout_s)
+
+
+# ---------------------------------------------------------------------- configure
+
+GATE_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._/-]*)\s*(>=|<=)\s*(-?[0-9.eE+-]+)$")
+RULE = CanaryRule.model_fields  # the canary flags' defaults and bounds are the contract's
+
+
+def parse_gate(items: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """``reward>=0.6`` ``loss<=2`` → thresholds (both bounds on one metric are allowed)."""
+    gate: dict[str, dict[str, float]] = {}
+    for item in items:
+        m = GATE_RE.match(item.strip())
+        if not m:
+            raise click.BadParameter(
+                f"--gate {item!r} is not METRIC>=VALUE or METRIC<=VALUE (e.g. --gate reward>=0.6)"
+            )
+        name, op, value = m.groups()
+        gate.setdefault(name, {})["min" if op == ">=" else "max"] = float(value)
+    return gate
+
+
+@click.command("configure")
+@click.argument("policy_id")
+@click.option("--base-model", required=True, help="Base model path or id the policy trains on.")
+@click.option("--suite", required=True, help="Evaluation suite (see workers/evaluator/suites.py).")
+@click.option("--gate", multiple=True, help="Threshold METRIC>=X or METRIC<=X (repeatable).")
+@click.option("--promote-to", default="prod", help="Alias a passing revision moves to.")
+@click.option("--no-auto-promote", is_flag=True, help="Evaluate, but let people promote.")
+@click.option("--rollback-metric", default=None, help="Metric watched on the serving revision.")
+@click.option("--tolerance", default=0.0, help="Allowed drop before rollback.")
+@click.option(
+    "--canary-min-answers",
+    type=click.IntRange(1, 10_000_000),
+    default=RULE["min_answers"].default,
+    help="Canary answers before it is judged.",
+)
+@click.option(
+    "--canary-min-scores",
+    type=click.IntRange(0, 10_000_000),
+    default=RULE["min_scores"].default,
+    help="Canary feedback scores before it is judged (0: none needed).",
+)
+@click.option(
+    "--canary-max-failure-increase",
+    type=click.FloatRange(0.0, 1.0),
+    default=RULE["max_failure_increase"].default,
+    help="How far the canary's failure rate may exceed the incumbent's.",
+)
+@click.option(
+    "--canary-max-score-drop",
+    type=click.FloatRange(0.0, 1.0),
+    default=RULE["max_score_drop"].default,
+    help="How far the canary's mean feedback score may fall below the incumbent's.",
+)
+@one_line_errors
+def policies_configure(
+    policy_id,
+    base_model,
+    suite,
+    gate,
+    promote_to,
+    no_auto_promote,
+    rollback_metric,
+    tolerance,
+    canary_min_answers,
+    canary_min_scores,
+    canary_max_failure_increase,
+    canary_max_score_drop,
+) -> None:
+    """Publish a policy's lifecycle configuration (policy.configured, compacted topic): its
+    evaluation suite and gate, automatic rollback, and when a canary
+    (`mint promote T/P@N --canary 0.1`) wins.
+
+    \b
+    Example:
+      mint policies configure acme/math-rl --base-model ./models/llama --suite toy-even \\
+          --gate reward>=0.6 --rollback-metric reward --tolerance 0.05 \\
+          --canary-min-answers 500 --canary-min-scores 50 --canary-max-score-drop 0.05
+    """
+    tenant, policy = tenant_policy(policy_id)
+    thresholds = parse_gate(gate)
+    rule = CanaryRule(
+        min_answers=canary_min_answers,
+        min_scores=canary_min_scores,
+        max_failure_increase=canary_max_failure_increase,
+        max_score_drop=canary_max_score_drop,
+    )
+    with _client(tenant, 60.0) as c:
+        env = c.create_policy(
+            policy,
+            base_model=base_model,
+            suite=suite,
+            thresholds=thresholds,
+            promote_to=promote_to,
+            auto_promote=not no_auto_promote,
+            rollback_metric=rollback_metric,
+            rollback_tolerance=tolerance,
+            canary=rule,
+        )
+    console.print(
+        f"configured {policy_id}: suite {suite}, gate {thresholds or 'none'} → {promote_to}; "
+        f"a canary: {describe_rule(rule)} (event {env.event_id})",
+        soft_wrap=True,
+    )
 
 
 # ---------------------------------------------------------------------- show
@@ -42,6 +151,7 @@ CONFIG_FIELDS = (
     "auto_promote",
     "rollback_metric",
     "rollback_tolerance",
+    "canary",
 )
 
 
@@ -52,7 +162,12 @@ def policy_configuration(repo: Any, tenant: str, policy: str) -> dict[str, Any] 
     from workers.controller.logic import CONFIGS_STATE
 
     cfg = StateTable(repo.session, repo.keyspace, CONFIGS_STATE).get(f"{tenant}/{policy}")
-    return None if cfg is None else {k: cfg.get(k) for k in CONFIG_FIELDS}
+    if cfg is None:
+        return None
+    # A configuration published before canaries existed: the controller judges by the defaults.
+    return {k: cfg.get(k) for k in CONFIG_FIELDS} | {
+        "canary": cfg.get("canary") or CanaryRule().model_dump()
+    }
 
 
 def policy_fields(
@@ -124,6 +239,7 @@ def _configuration_rows(cfg: dict[str, Any] | None) -> list[tuple[str, str]]:
     return [
         ("suite", cfg["suite"] + ("" if cfg["auto_evaluate"] else " (not automatic)")),
         ("gate", gate or "none"),
+        ("canary", describe_rule(CanaryRule.model_validate(cfg.get("canary") or {}))),
         ("promotes to", promote),
         ("rolls back when", rollback),
     ]
@@ -194,4 +310,4 @@ def policies_retire(policy_id: str, reason: str, undo: bool, timeout: float) -> 
         )
 
 
-COMMANDS: list[click.Command] = [policies_show, policies_retire]
+COMMANDS: list[click.Command] = [policies_configure, policies_show, policies_retire]

@@ -7,6 +7,7 @@
             print(r.round, r.revision, r.mean_reward)
         mint.wait_for_alias("math-rl", "prod")
         print(mint.infer("math-rl", "hello").text)
+        mint.promote("math-rl", 7, canary=0.1)  # 10% of prod's callers, judged live
         mint.rollback("math-rl")
 
 A call publishes its command and waits for the event whose ``causation_id`` is the command's id
@@ -24,19 +25,19 @@ from typing import TYPE_CHECKING, Any, Unpack
 import structlog
 
 from catalog.store import AdapterStore
-from mint.sdk.exceptions import CommandRefused, RequestFailed, WaitTimeout
+from mint.sdk.exceptions import RequestFailed, WaitTimeout
 from mint.sdk.sampling import SamplingFields, sampling_options
+from mint.sdk.serving import ServingVerbs
 from mint.sdk.training import TrainingVerbs
 from mint.sdk.watcher import Predicate, Watcher, caused_by
 from schemas import Envelope, make_event
 from schemas.events import (
     AliasMoved,
+    CanaryRule,
     InferCompleted,
     InferRequested,
     PolicyConfigured,
     PolicyRetirement,
-    PromoteCommand,
-    RollbackCommand,
     Threshold,
 )
 from schemas.events.sampling import SamplingOptions
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger()
 
 
-class MintClient(TrainingVerbs):
+class MintClient(TrainingVerbs, ServingVerbs):
     def __init__(
         self,
         settings: MintSettings,
@@ -152,9 +153,11 @@ class MintClient(TrainingVerbs):
         auto_promote: bool = True,
         rollback_metric: str | None = None,
         rollback_tolerance: float = 0.0,
+        canary: CanaryRule | dict[str, Any] | None = None,
     ) -> Envelope[Any]:
-        """Configure a policy's lifecycle (the controller's gate and rollback rule). The policy's
-        catalog row appears with its first revision."""
+        """Configure a policy's lifecycle (the controller's gate, rollback rule and ``canary``
+        rule: when a canary wins, see ``promote(..., canary=share)``; None: CanaryRule's
+        defaults). The policy's catalog row appears with its first revision."""
         self.base_models[policy] = base_model
         cfg = PolicyConfigured(
             base_model=base_model,
@@ -165,6 +168,7 @@ class MintClient(TrainingVerbs):
             auto_promote=auto_promote,
             rollback_metric=rollback_metric,
             rollback_tolerance=rollback_tolerance,
+            canary=CanaryRule.model_validate(canary or {}),
             requested_by=self.name,
         )
         return self.send(policy, cfg)
@@ -177,60 +181,6 @@ class MintClient(TrainingVerbs):
                 "create_policy first"
             )
         return model
-
-    def promote(
-        self,
-        policy: str,
-        revision: int,
-        *,
-        alias: str = "prod",
-        expected_revision: int | None = None,
-        reason: str = "",
-    ) -> Envelope[AliasMoved]:
-        """Move ``alias`` to ``revision`` (through the controller, by compare-and-set)."""
-        cmd = self.send(
-            policy,
-            PromoteCommand(
-                alias=alias,
-                revision=revision,
-                expected_revision=expected_revision,
-                reason=reason,
-                requested_by=self.name,
-            ),
-        )
-        return self._moved_or_refused(cmd)
-
-    def rollback(
-        self,
-        policy: str,
-        *,
-        alias: str = "prod",
-        to_revision: int | None = None,
-        reason: str = "",
-        expected_revision: int | None = None,
-    ) -> Envelope[AliasMoved]:
-        """Move ``alias`` back to its previous revision (or ``to_revision``)."""
-        cmd = self.send(
-            policy,
-            RollbackCommand(
-                alias=alias,
-                to_revision=to_revision,
-                expected_revision=expected_revision,
-                reason=reason or "rollback",
-                requested_by=self.name,
-            ),
-        )
-        return self._moved_or_refused(cmd)
-
-    def _moved_or_refused(self, cmd: Envelope[Any]) -> Envelope[AliasMoved]:
-        answer = self.wait_caused_by(cmd, "alias.moved", "serving.refused")
-        if answer.type == "serving.refused":
-            p = answer.payload
-            raise CommandRefused(
-                f"{cmd.type} of {cmd.policy_id}@{p.alias} refused: {p.reason}",
-                current_revision=p.current_revision,
-            )
-        return answer
 
     def retire(
         self,

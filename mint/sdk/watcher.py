@@ -116,3 +116,15 @@ def caused_by(event_id: uuid.UUID, *types: str) -> Predicate:
 def correlated(correlation_id: uuid.UUID, *types: str) -> Predicate:
     """Matches the events of one chain (same correlation id), optionally of some types."""
     return lambda e: e.correlation_id == correlation_id and (not types or e.type in types)
+
+
+def answering(cmd: Envelope[Any], *types: str) -> Predicate:
+    """Matches the events of ``types`` that answer ``cmd``: caused by it, or further down the
+    chain it started (the ``alias.moved`` that follows a ``canary.ended`` a promote caused).
+    The SDK's commands start their own chain (correlation id = event id), so nothing else
+    is in it."""
+    own_chain = cmd.correlation_id == cmd.event_id
+    return lambda e: (
+        e.type in types
+        and (e.causation_id == cmd.event_id or (own_chain and e.correlation_id == cmd.event_id))
+    )
