@@ -35,6 +35,8 @@ from gateway.api import ignored_fields, parse_json, validate
 from gateway.bodies import ChatRequest, CompletionRequest
 from gateway.deltas import Answers
 from gateway.errors import ApiError, BadRequest, Unavailable
+from gateway.feedback import build_router as feedback_router
+from gateway.ids import sticky_caller
 from gateway.lifecycle import build_router as lifecycle_router
 from gateway.metrics import GatewayMetrics
 from gateway.refs import parse_model
@@ -50,6 +52,7 @@ ROUTES = {
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/models",
+    "/v1/feedback",
     "/tokenize",
     "/detokenize",
     "/version",
@@ -146,6 +149,7 @@ def create_app(gw: Gateway) -> FastAPI:
     if gw.tinker is not None:  # the Tinker SDK's /api/v1 (gateway/tinker)
         app.include_router(build_router(gw.tinker))
     app.include_router(lifecycle_router(gw))  # /mint/v1: a tenant's own policies
+    app.include_router(feedback_router(gw))  # /v1/feedback: scores of answers (canaries)
     app.include_router(tokenize_router(gw))  # /tokenize, /detokenize as vllm serve
 
     @app.exception_handler(ApiError)
@@ -222,6 +226,8 @@ def create_app(gw: Gateway) -> FastAPI:
                 "expires_at": expires_at,
                 # deltas keyed by this instance's id: it follows only that partition
                 "stream_to": cfg.instance_id if req.stream else None,
+                # a canary's sticky routing key: the same end user (or key) gets the same side
+                "caller": sticky_caller(req.user, caller.key_id),
             }
             ask = asks.build(
                 req,
@@ -257,6 +263,7 @@ def create_app(gw: Gateway) -> FastAPI:
             return _stream_response(ask, rid, created, ref, answers, first, correlation_id, extra)
         headers = {**responses.revision_headers(done, ref), **extra}
         headers["x-mint-correlation-id"] = str(correlation_id)
+        headers["x-mint-request-id"] = ids[0]  # prompt k's: the same with .k at the end
         return JSONResponse(responses.response(ask, rid, created, req.model, done), headers=headers)
 
     def _stream_response(
@@ -299,6 +306,7 @@ def create_app(gw: Gateway) -> FastAPI:
             ),
             "x-mint-policy": f"{ref.tenant}/{ref.policy}",
             "x-mint-correlation-id": str(correlation_id),
+            "x-mint-request-id": ask.payloads[0].request_id,  # what POST /v1/feedback scores
             **extra,
         }
         return EventSourceResponse(

@@ -1,7 +1,9 @@
 """Serving commands from the gateway (gateway/lifecycle.py) and the controller's answers:
 commands out on their topics, ``serving.events`` followed (every partition from its end, no
-consumer group) for the ``alias.moved`` / ``serving.refused`` whose ``causation_id`` is the
-command's id."""
+consumer group) for the answer whose ``causation_id`` is the command's id: ``alias.moved``,
+``canary.started`` (a canary command), ``canary.ended`` (a rollback that ends a running
+canary) or ``serving.refused``. The same producer publishes the commands that have no answer
+(``policy.configured``, ``feedback.submitted``)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from schemas.exceptions import SchemaError
 from schemas.registry import decode_event
 from schemas.settings import MintSettings
 
-ANSWERS = ("alias.moved", "serving.refused")
+ANSWERS = ("alias.moved", "canary.started", "canary.ended", "serving.refused")
 
 
 class MoveTimeout(ApiError):
@@ -54,7 +56,9 @@ class KafkaCommands:
         from streams.clients import make_producer
         from streams.topics import ensure_topics
 
-        ensure_topics(self.settings, ["serving.commands", "serving.events", "policy.config"])
+        ensure_topics(
+            self.settings, ["serving.commands", "serving.events", "policy.config", "feedback"]
+        )
         self._producer = make_producer(
             self.settings, client_id=f"{self.instance_id}-commands", linger_ms=0, max_block_ms=5000
         )

@@ -3,18 +3,20 @@
 - ``GET  /mint/v1/policies``: the caller's policies;
 - ``GET  /mint/v1/policies/{policy}/revisions?limit=N``: its revisions, newest first;
 - ``GET  /mint/v1/policies/{policy}/aliases``: where its aliases point;
-- ``POST /mint/v1/policies/{policy}/promote`` ``{alias, revision, expected_revision?, reason?}``;
+- ``POST /mint/v1/policies/{policy}/promote`` ``{alias, revision, expected_revision?, reason?,
+  canary?}``: with ``canary`` (a share in (0, 1)) a canary of ``revision`` instead of a move;
 - ``POST /mint/v1/policies/{policy}/rollback`` ``{alias, to_revision?, expected_revision?,
-  reason?}``;
+  reason?}`` (on an alias with a running canary: ends the canary, the alias stays);
 - ``PUT  /mint/v1/policies/{policy}/lifecycle`` ``{suite, thresholds?, promote_to?, ...}``: its
   evaluation gate and rollback rule (``policy.configured`` on ``policy.config``; the base model
   is the catalog's, never the caller's).
 
 Tenancy by construction: the tenant is the key's, the path names a policy of it, and another
 tenant's policy is the same 404 as a missing one. Moves take the operators' path: a
-PromoteCommand / RollbackCommand on ``serving.commands``, answered by the controller (the only
-writer of aliases) with ``alias.moved`` (200) or ``serving.refused`` (409); no answer in time is
-a 504 that says the command stays queued (gateway/commands.py). Training over HTTP is the Tinker
+PromoteCommand / CanaryCommand / RollbackCommand on ``serving.commands``, answered by the
+controller (the only writer of aliases) with ``alias.moved``, ``canary.started`` or
+``canary.ended`` (200) or ``serving.refused`` (409); no answer in time is a 504 that says the
+command stays queued (gateway/commands.py). Training over HTTP is the Tinker
 API (``/api/v1``).
 """
 
@@ -28,15 +30,21 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import structlog
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from catalog.exceptions import InvalidReference, NotFound
 from catalog.refs import check_alias, check_name
-from gateway.api import parse_json
+from gateway.api import parse_json, validate_body
 from gateway.commands import Commands, KafkaCommands
 from gateway.errors import ApiError, BadRequest, Unavailable
 from schemas.envelope import make_event
-from schemas.events import PolicyConfigured, PromoteCommand, RollbackCommand, Threshold
+from schemas.events import (
+    CanaryCommand,
+    PolicyConfigured,
+    PromoteCommand,
+    RollbackCommand,
+    Threshold,
+)
 from schemas.names import AliasName, MetricName
 from schemas.settings import MintSettings
 
@@ -97,6 +105,8 @@ class PromoteBody(AliasBody):
     revision: int = Field(ge=1)
     expected_revision: int | None = Field(None, ge=1)
     reason: str = Field("", max_length=1024)
+    # a share of the alias's callers for a canary of ``revision`` (None: move the alias)
+    canary: float | None = Field(None, gt=0.0, lt=1.0, strict=True)
 
 
 class RollbackBody(AliasBody):
@@ -119,32 +129,49 @@ class LifecycleBody(BaseModel):
 
 
 def _validated(model: type[M], raw: bytes) -> M:
-    try:
-        return model.model_validate(parse_json(raw) if raw.strip() else {})
-    except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or None
-        raise BadRequest(f"{where}: {err['msg']}", param=where) from e
+    """The body as ``model`` (an empty body: ``{}``); a 400 names the field, what was given and
+    what is expected (gateway.api.validate_body)."""
+    return validate_body(model, parse_json(raw) if raw.strip() else {})
 
 
 def _iso(value: Any) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def _commands_of(gw: Gateway) -> Commands | None:
+def commands_of(gw: Gateway) -> Commands | None:
     """The gateway's serving commands: set by tests (``gw.lifecycle_commands``), else on the
-    engines' Kafka settings; None where the gateway has no Kafka (moves answer 503)."""
+    engines' Kafka settings; None where the gateway has no Kafka (moves answer 503). Made once
+    per gateway and kept there: the lifecycle and feedback routes share its producer."""
     given = getattr(gw, "lifecycle_commands", None)
     if given is not None:
         return given
     settings = getattr(gw.engines, "settings", None)
     if isinstance(settings, MintSettings):
-        return KafkaCommands(settings, gw.config.instance_id, gw.config.retry_after_s)
+        made = KafkaCommands(settings, gw.config.instance_id, gw.config.retry_after_s)
+        gw.lifecycle_commands = made  # type: ignore[attr-defined]
+        return made
     return None
 
 
+def answer_body(policy: str, answer: Any) -> dict[str, Any]:
+    """The controller's answer to an alias command, as the route returns it."""
+    p, out = answer.payload, {"policy": policy, "alias": answer.payload.alias}
+    if answer.type == "canary.started":
+        out |= {
+            "revision": p.revision,
+            "incumbent_revision": p.incumbent_revision,
+            "share": p.share,
+            "canary_id": str(p.canary_id),
+        }
+    elif answer.type == "canary.ended":
+        out |= {"canary_id": str(p.canary_id), "outcome": p.outcome, "reason": p.reason}
+    else:  # alias.moved
+        out |= {"from_revision": p.from_revision, "to_revision": p.to_revision, "cause": p.cause}
+    return {**out, "event_id": str(answer.event_id)}
+
+
 def build_router(gw: Gateway) -> APIRouter:
-    commands = _commands_of(gw)
+    commands = commands_of(gw)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -194,16 +221,7 @@ def build_router(gw: Gateway) -> APIRouter:
             raise MoveRefused(
                 f"{env.type} of {policy}@{p.alias} refused: {p.reason}", p.current_revision
             )
-        return JSONResponse(
-            {
-                "policy": policy,
-                "alias": p.alias,
-                "from_revision": p.from_revision,
-                "to_revision": p.to_revision,
-                "cause": p.cause,
-                "event_id": str(answer.event_id),
-            }
-        )
+        return JSONResponse(answer_body(policy, answer))
 
     @router.get("/policies")
     async def policies(request: Request) -> JSONResponse:
@@ -263,9 +281,11 @@ def build_router(gw: Gateway) -> APIRouter:
         tenant = await tenant_of(request)
         await policy_of(tenant, policy)
         req = await body(request, PromoteBody)
-        by = f"key/{request.state.key_id}"
-        cmd = PromoteCommand(**req.model_dump(), requested_by=by)
-        return await move(tenant, policy, cmd)
+        fields = req.model_dump(exclude={"canary"})
+        fields["requested_by"] = f"key/{request.state.key_id}"
+        if req.canary is None:
+            return await move(tenant, policy, PromoteCommand(**fields))
+        return await move(tenant, policy, CanaryCommand(**fields, share=req.canary))
 
     @router.post("/policies/{policy}/rollback")
     async def rollback(request: Request, policy: str) -> JSONResponse:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from catalog.models import ApiKey, TenantAccess
 from catalog.refs import Ref
+from gateway import ids
 from gateway.auth import Authenticator, Budget, Caller
 from gateway.cache import MISSING, Cached
 from gateway.config import GatewayConfig
@@ -210,9 +211,9 @@ class Gateway:
         return None
 
     def request_ids(self, n: int) -> tuple[str, list[str]]:
-        """(the response id's stem, one request id per prompt) under this instance's prefix."""
-        base = uuid.uuid4().hex[:24]
-        return base, [f"{self.engines.request_prefix}{base}.{i}" for i in range(n)]
+        """(the response id's stem, one request id per prompt) under this instance's prefix:
+        the response id names its requests (gateway.ids)."""
+        return ids.request_ids(self.engines.request_prefix, n)
 
     def _envelopes(
         self, ref: Ref, payloads: list[InferRequested], correlation_id: uuid.UUID

@@ -216,9 +216,10 @@ def test_chat_answer_names_the_revision_and_carries_the_conversation(world) -> N
         ("assistant", "ok"),
         ("user", "second"),
     ]
-    assert {p.request_id.rsplit(".", 1)[0] for p in sent} == {
-        "gw-test." + r.id.removeprefix("chatcmpl-")
-    }  # the instance's prefix: its replies
+    # the instance's prefix (its replies); the response id names the request (gateway.ids)
+    assert {p.request_id.rsplit(".", 1)[0] for p in sent} == {r.id.removeprefix("chatcmpl-")}
+    assert sent[0].request_id.startswith("gw-test.")
+    assert raw.headers["x-mint-request-id"] == sent[0].request_id
     cid = raw.headers["x-mint-correlation-id"]
     assert {str(e.correlation_id) for e in engines.seen} == {cid}
     assert {e.tenant for e in engines.seen} == {"acme"}

@@ -306,7 +306,7 @@ def test_streams_as_generated_n_choices_and_a_disconnect_cancels(served, gw_sett
         )
         chunk = next(c for c in stream if c.choices and c.choices[0].text)
         stream.close()  # the client goes away mid-answer
-        request_id = f"gw-s.{chunk.id.removeprefix('cmpl-')}.0"
+        request_id = f"{chunk.id.removeprefix('cmpl-')}.0"  # the response id names it
         answer = _answer_on_results(gw_settings, request_id)
         assert answer is not None and answer.event_type == "infer.failed", answer
         assert answer.stage == "expired" and answer.code == "cancelled"
