@@ -57,6 +57,7 @@ class Revision:
     metadata: dict = field(default_factory=dict, compare=False)
     # What its training measured (TrainingFigures.figures(): steps, loss, reward…); {} if unknown.
     training: dict[str, float] = field(default_factory=dict, compare=False)
+    tags: list[str] = field(default_factory=list, compare=False)  # sorted
     # True only on the call that created it (False for an idempotent repeat).
     is_new: bool = field(default=False, compare=False)
     null_as: ClassVar[dict[str, Any]] = {"created_by": ""}

@@ -38,6 +38,7 @@ from schemas.events import (
     ExportCompleted,
     PolicyRetirement,
     PromoteCommand,
+    RevisionTagged,
     RollbackCommand,
 )
 
@@ -50,6 +51,7 @@ PROJECTED_TYPES = (
     PolicyRetirement.event_type,
     CanaryStarted.event_type,
     CanaryEnded.event_type,
+    RevisionTagged.event_type,
 )
 # AliasMoved ids derive from their command's id, so a redelivered command re-emits the same fact.
 _MOVE_NS = uuid.UUID("5b0f2a9e-3c1d-4e7a-9f1b-6d2c8a4e0b17")
@@ -180,6 +182,9 @@ def _apply_one(repo: CatalogRepository, env: Envelope[Any]) -> int | None:
             by=p.requested_by or env.producer,
         )
         return None
+    if isinstance(p, RevisionTagged):
+        repo.set_tags(env.tenant, env.policy, p.revision, p.tags, at=env.occurred_at)
+        return p.revision
     if isinstance(p, (CanaryStarted, CanaryEnded)):
         repo.record_canary(env)  # the controller wrote the same row when it carried it out
         return p.revision

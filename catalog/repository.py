@@ -56,7 +56,7 @@ from catalog.retirement import RETIREMENT_STATEMENTS, PolicyRetirements
 
 _REVISION_COLS = (
     "tenant, policy, revision, digest, store_uri, base_model, parent_revision, created_at, "
-    "created_by, source_event_id, metadata, training"
+    "created_by, source_event_id, metadata, training, tags"
 )
 _STATEMENTS = {
     "_get_policy": "SELECT * FROM {ks}.policies WHERE tenant = ? AND policy = ?",

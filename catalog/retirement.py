@@ -1,4 +1,4 @@
-"""Retiring a policy and restoring it: the ``policy.retired`` fact recorded on its row.
+"""Retiring a policy and restoring it, and tagging a revision: facts recorded on their rows.
 
 ``PolicyRetirements`` is part of ``CatalogRepository`` (mixed in), which prepares the statements
 below and provides the plumbing (``_run``) and the policy reads. A retired policy takes no new
@@ -24,6 +24,10 @@ RETIREMENT_STATEMENTS = {
     "_retire_policy": (
         "UPDATE {ks}.policies USING TIMESTAMP ? SET retired_at = ?, retired_by = ? "
         "WHERE tenant = ? AND policy = ?"
+    ),
+    "_set_tags": (
+        "UPDATE {ks}.revisions USING TIMESTAMP ? SET tags = ? "
+        "WHERE tenant = ? AND policy = ? AND revision = ?"
     ),
     "_restore_policy": (
         "UPDATE {ks}.policies USING TIMESTAMP ? SET retired_at = null, retired_by = null "
@@ -57,3 +61,12 @@ class PolicyRetirements:
         else:
             self._run(self._restore_policy, (stamp, tenant, policy))
         return self._read_policy(tenant, policy)
+
+    def set_tags(
+        self: CatalogRepository, tenant: str, policy: str, revision: int, tags: list[str], *, at
+    ) -> None:
+        """Record a ``revision.tagged`` fact: the revision's tags are ``tags`` as of ``at`` (the
+        event's time orders the writes, as for a retirement). RevisionNotFound: no such one."""
+        self._read_revision(tenant, policy, revision)
+        stamp = (utc(at) - _EPOCH) // timedelta(microseconds=1)
+        self._run(self._set_tags, (stamp, set(tags) or None, tenant, policy, revision))

@@ -41,7 +41,15 @@ RIGHTS: dict[str, Rights] = {
     # serving commands: aliases moved by compare-and-set, their history; its decisions' state
     "controller": Rights(
         reads=CATALOG + STATE,
-        modifies=("aliases", "alias_history", "worker_state", "canary_history", "canary_answers"),
+        modifies=(
+            "aliases",
+            "alias_history",
+            "worker_state",
+            "canary_history",
+            "canary_answers",
+            "policies",  # retirement (policy.retire)
+            "revisions",  # tags (revision.tag)
+        ),
     ),
     # a policy's first update creates it; exports register revisions (by digest, by event id)
     "trainer": Rights(

@@ -117,6 +117,9 @@ def example_fields(
             "reason": "mean feedback 0.61 < 0.80 - 0.02",
         },
         "feedback.submitted": {"request_id": "req-1", "score": 0.9},
+        "policy.retire": {"retired": True, "reason": "superseded by math-rl-v2"},
+        "revision.tag": {"revision": 2, "add": ["reviewed"], "remove": ["candidate"]},
+        "revision.tagged": {"revision": 2, "tags": ["reviewed"]},
         "load.requested": {
             "revision": 1,
             "adapter_digest": DIGEST,

@@ -20,6 +20,7 @@ PolicyName = Annotated[str, StringConstraints(pattern=POLICY_RE)]
 AliasName = Annotated[str, StringConstraints(pattern=ALIAS_RE)]
 Digest = Annotated[str, StringConstraints(pattern=DIGEST_RE)]
 ProducerName = Annotated[str, StringConstraints(pattern=PRODUCER_RE)]
+TagName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 MetricName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")]
 ModuleName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.*]{0,255}$")]
 

@@ -33,8 +33,11 @@ from schemas.events.serving import (
     AliasMoved,
     PolicyRetirement,
     PromoteCommand,
+    RetireCommand,
+    RevisionTagged,
     RollbackCommand,
     ServingRefused,
+    TagCommand,
 )
 from schemas.events.steps import (
     AdamSpec,
@@ -73,6 +76,8 @@ __all__ = [
     "PolicyConfigured",
     "PolicyRetirement",
     "PromoteCommand",
+    "RetireCommand",
+    "RevisionTagged",
     "RollbackCommand",
     "RolloutCompleted",
     "RolloutRequested",
@@ -80,6 +85,7 @@ __all__ = [
     "ServingRefused",
     "StepDatum",
     "StructuredOutput",
+    "TagCommand",
     "Threshold",
     "TrainStepCompleted",
     "TrainingFigures",

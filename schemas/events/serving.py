@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field
 
 from schemas.envelope import Command, Payload
-from schemas.names import AliasName, Digest, StoreUri
+from schemas.names import AliasName, Digest, StoreUri, TagName
 
 
 class PromoteCommand(Command):
@@ -72,8 +72,10 @@ class ServingRefused(Payload):
     topic = "serving.events"
 
     command_id: uuid.UUID = Field(description="event_id of the refused command")
-    command_type: Literal["serving.promote", "serving.rollback", "serving.canary"]
-    alias: AliasName
+    command_type: Literal[
+        "serving.promote", "serving.rollback", "serving.canary", "revision.tag", "policy.retire"
+    ]
+    alias: AliasName = Field("prod", description="the alias the command named (prod if none)")
     reason: str = Field(max_length=2048, description="why, and what to do")
     current_revision: int | None = Field(
         None, ge=1, description="where the alias points now (a stale compare-and-set)"
@@ -94,3 +96,40 @@ class PolicyRetirement(Payload):
     requested_by: str = Field(
         "", max_length=256, description="who retired or restored it (recorded as retired_by)"
     )
+
+
+class RetireCommand(Command):
+    """Command: retire a policy (``retired`` False: restore it). The controller carries it out
+    by publishing the ``policy.retired`` fact, which the projector records: operators and
+    tenants ask on ``serving.commands``, only services write facts on ``serving.events``."""
+
+    event_type = "policy.retire"
+    topic = "serving.commands"
+
+    retired: bool = Field(True, description="True: retire the policy; False: restore it")
+    reason: str = Field("", max_length=1024)
+    requested_by: str = Field("", max_length=256)
+
+
+class TagCommand(Command):
+    """Command: add tags to a revision and remove others (a registry's labels: "candidate",
+    "reviewed", "release-2026-12"). Carried out by the controller as ``revision.tagged``."""
+
+    event_type = "revision.tag"
+    topic = "serving.commands"
+
+    revision: int = Field(ge=1)
+    add: list[TagName] = Field(default_factory=list, max_length=32)
+    remove: list[TagName] = Field(default_factory=list, max_length=32)
+    requested_by: str = Field("", max_length=256)
+
+
+class RevisionTagged(Payload):
+    """A revision's tags are now ``tags`` (the whole set, so a replay writes the same)."""
+
+    event_type = "revision.tagged"
+    topic = "serving.events"
+
+    revision: int = Field(ge=1)
+    tags: list[TagName] = Field(default_factory=list, max_length=64)
+    requested_by: str = Field("", max_length=256)

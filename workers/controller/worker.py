@@ -11,6 +11,11 @@ policy's events reach one controller instance. Per event, in this order:
 3. the events it led to are published and confirmed by the broker;
 4. the loop commits the offset.
 
+Canary commands, and the answers and feedback scores a running canary is judged on, go to
+:class:`workers.controller.canary.CanaryJudge` (a rollback of an alias with a running canary
+ends the canary); tag and retire commands to :mod:`workers.controller.registry`. Each saves
+what it decided, or writes the catalog idempotently, before publishing.
+
 A crash anywhere re-delivers the event; the saved state recognises it and re-emits its outputs
 with the same ids. Cassandra or the broker being away is transient: the loop retries it for as
 long as it lasts (``streams.group``), never dead-letters it, and never drops a command.
@@ -41,7 +46,9 @@ from schemas.events import (
     InferCompleted,
     InferFailed,
     PromoteCommand,
+    RetireCommand,
     RollbackCommand,
+    TagCommand,
 )
 from schemas.logs import configure_logging
 from schemas.settings import MintSettings, get_settings
@@ -49,6 +56,7 @@ from streams import health
 from streams.group import run_consumer
 from streams.producer import EventProducer
 from streams.records import ConsumerStats, stop_on_signals
+from workers.controller import registry
 from workers.controller.canary import CanaryJudge
 from workers.controller.canary_view import CANARY_STATE
 from workers.controller.logic import (
@@ -121,6 +129,8 @@ def run_controller(
                 return judge.observe(env, record)
             if isinstance(p, CanaryCommand):
                 return judge.start(env)
+            if isinstance(p, (TagCommand, RetireCommand)):
+                return registry.carry_out(repo, env, producer=PRODUCER)
             if isinstance(p, (CanaryStarted, CanaryEnded)):
                 return []  # this controller's own facts, read back
             if isinstance(p, RollbackCommand):

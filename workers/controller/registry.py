@@ -1,0 +1,64 @@
+"""Registry commands the controller carries out: tagging a revision and retiring a policy.
+
+Tenants and operators ask on ``serving.commands`` (their grants); the controller checks the
+command against the catalog, writes it, and publishes the fact (``revision.tagged``,
+``policy.retired``) on ``serving.events``, whose id derives from the command's so that a
+redelivered command re-emits the same fact. The projector records the same fact again from the
+log (the event's time orders the writes), so a catalog rebuilt from the log equals the live one.
+A command the catalog refuses (no such revision or policy) is answered by ``serving.refused``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from catalog.exceptions import CatalogError, CatalogUnavailable
+from schemas import Envelope
+from schemas.envelope import make_reply
+from schemas.events import (
+    PolicyRetirement,
+    RetireCommand,
+    RevisionTagged,
+    ServingRefused,
+    TagCommand,
+)
+from workers.controller import metrics
+
+_NS = uuid.UUID("0c7d8e21-4b5a-4f3e-9d6c-7a1b2e3f4c5d")
+
+
+def carry_out(repo: Any, cmd: Envelope[Any], *, producer: str) -> list[Envelope[Any]]:
+    """The fact ``cmd`` leads to (written to the catalog already), or its refusal."""
+    p, t, pol = cmd.payload, cmd.tenant, cmd.policy
+    by = p.requested_by or cmd.producer
+    try:
+        if isinstance(p, TagCommand):
+            have = set(repo.get_revision(t, pol, p.revision).tags)
+            tags = sorted((have | set(p.add)) - set(p.remove))
+            fact: Any = RevisionTagged(revision=p.revision, tags=tags, requested_by=by)
+            repo.set_tags(t, pol, p.revision, tags, at=cmd.occurred_at)
+        elif isinstance(p, RetireCommand):
+            fact = PolicyRetirement(retired=p.retired, reason=p.reason, requested_by=by)
+            repo.set_retired(t, pol, retired=p.retired, at=cmd.occurred_at, by=by)
+        else:
+            raise TypeError(f"{cmd.type!r} is not a registry command")
+    except CatalogUnavailable:
+        raise  # the consumer loop waits the outage out; the command is never dropped
+    except CatalogError as e:
+        metrics.REFUSALS.labels(cmd.type).inc()
+        refused = ServingRefused(
+            command_id=cmd.event_id, command_type=cmd.type, reason=f"{type(e).__name__}: {e}"
+        )
+        return [_reply(refused, cmd, producer, "refused")]
+    return [_reply(fact, cmd, producer, "fact")]
+
+
+def _reply(payload: Any, cmd: Envelope[Any], producer: str, what: str) -> Envelope[Any]:
+    return make_reply(
+        payload,
+        cmd,
+        producer=producer,
+        event_id=uuid.uuid5(_NS, f"{cmd.event_id}:{what}"),
+        occurred_at=cmd.occurred_at,
+    )
