@@ -170,6 +170,17 @@ def answer_body(policy: str, answer: Any) -> dict[str, Any]:
     return {**out, "event_id": str(answer.event_id)}
 
 
+def _evaluation(e: Any) -> dict[str, Any]:
+    return {
+        "suite": e.suite,
+        "metrics": e.metrics,
+        "passed": e.passed,
+        "failures": e.failures,
+        "refused": e.refused,
+        "evaluated_at": _iso(e.evaluated_at),
+    }
+
+
 def build_router(gw: Gateway) -> APIRouter:
     commands = commands_of(gw)
 
@@ -252,6 +263,7 @@ def build_router(gw: Gateway) -> APIRouter:
         rows, _ = await asyncio.to_thread(
             lambda: repo().list_revisions(tenant, policy, page_size=limit)
         )
+        evals = await asyncio.to_thread(repo().evaluations_by_revision, tenant, policy)
         data = [
             {
                 "revision": r.revision,
@@ -260,6 +272,10 @@ def build_router(gw: Gateway) -> APIRouter:
                 "base_model": r.base_model,
                 "created_at": _iso(r.created_at),
                 "created_by": r.created_by,
+                # what the registry knows of how good it is (as `mint revisions` shows)
+                "training": r.training,
+                "tags": r.tags,
+                "evaluations": [_evaluation(e) for e in evals.get(r.revision, [])],
             }
             for r in rows[:limit]
         ]

@@ -63,6 +63,9 @@ class RevisionInfo:
     base_model: str
     created_at: datetime | None
     created_by: str
+    training: dict[str, float] = field(default_factory=dict)
+    tags: list[str] = field(default_factory=list)
+    evaluations: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -200,6 +203,9 @@ class RemoteMintClient:
                 d["base_model"],
                 _time(d["created_at"]),
                 d["created_by"],
+                d.get("training") or {},
+                d.get("tags") or [],
+                d.get("evaluations") or [],
             )
             for d in data.json()["data"]
         ]

@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from catalog.exceptions import PolicyNotFound
-from catalog.models import Alias, Policy, Revision
+from catalog.models import Alias, Evaluation, Policy, Revision
 from gateway import GatewayConfig, create_app
 from gateway.commands import MoveTimeout
 from gateway.service import Gateway
@@ -48,8 +48,29 @@ class FakeRepo:
                     T0,
                     "trainer",
                     None,
+                    training={"loss": 0.5 / n},
+                    tags=["reviewed"] if n == 2 else [],
                 )
                 for n in (2, 1)
+            ]
+        }
+        self.evals = {
+            2: [
+                Evaluation(
+                    "acme",
+                    "math",
+                    2,
+                    "arith",
+                    digest(2),
+                    {"accuracy": 0.8},
+                    {},
+                    True,
+                    [],
+                    None,
+                    T0,
+                    "evaluator",
+                    None,
+                )
             ]
         }
         self.aliases = {
@@ -69,6 +90,9 @@ class FakeRepo:
 
     def list_revisions(self, tenant, policy, *, page_size=100, page_state=None):
         return self.revs.get((tenant, policy), [])[:page_size], None
+
+    def evaluations_by_revision(self, tenant, policy):
+        return self.evals if (tenant, policy) == ("acme", "math") else {}
 
     def list_aliases(self, tenant, policy):
         return self.aliases.get((tenant, policy), [])
@@ -146,6 +170,11 @@ def test_reads_list_only_the_callers_policies_revisions_and_aliases(world) -> No
     revs = http.get("/mint/v1/policies/math/revisions", headers=h).json()["data"]
     assert [(v["revision"], v["parent_revision"]) for v in revs] == [(2, 1), (1, None)]
     assert revs[0]["digest"] == digest(2) and revs[0]["created_at"].startswith("2026-01-01")
+    # the figures the registry holds: training, tags, each suite's latest evaluation
+    assert revs[0]["training"] == {"loss": 0.25} and revs[0]["tags"] == ["reviewed"]
+    (ev,) = revs[0]["evaluations"]
+    assert (ev["suite"], ev["metrics"], ev["passed"]) == ("arith", {"accuracy": 0.8}, True)
+    assert revs[1]["evaluations"] == [] and revs[1]["tags"] == []
     one = http.get("/mint/v1/policies/math/revisions?limit=1", headers=h).json()["data"]
     assert [v["revision"] for v in one] == [2]
     aliases = http.get("/mint/v1/policies/math/aliases", headers=h).json()["data"]
