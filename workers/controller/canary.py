@@ -100,27 +100,48 @@ class CanaryJudge:
     def __init__(self, repo: Any, views: StateTable | Any, configs: Any, *, producer: str):
         self.repo, self.views, self.configs, self.producer = repo, views, configs, producer
         self._none_until: dict[str, float] = {}  # policy -> when to look for a canary again
+        self._poll: dict[str, CanaryView] = {}  # views read or changed in this poll
+        self._dirty: set[str] = set()  # of those, the ones whose counts changed
 
     # ------------------------------------------------------------------ reads
 
     def view(self, tenant: str, policy: str) -> CanaryView | None:
         key = canary_key(tenant, policy)
+        if key in self._poll:
+            return self._poll[key]
         if self._none_until.get(key, 0.0) > time.monotonic():
             return None
         raw = self.views.get(key)
         if raw is None:
             self._none_until[key] = time.monotonic() + NO_VIEW_TTL_S
             return None
-        return CanaryView.model_validate(raw)
+        view = self._poll[key] = CanaryView.model_validate(raw)
+        return view
 
     def live(self, tenant: str, policy: str, alias: str) -> CanaryView | None:
         v = self.view(tenant, policy)
         return v if v is not None and v.alias == alias and v.live else None
 
-    def _save(self, tenant: str, policy: str, view: CanaryView) -> None:
+    def _save(self, tenant: str, policy: str, view: CanaryView, *, now: bool = True) -> None:
+        """Keep ``view``; written at once (``now``: a start or a decision, before its effects)
+        or with the poll's other counts in ``flush``."""
         key = canary_key(tenant, policy)
-        self.views[key] = view.model_dump(mode="json")
+        self._poll[key] = view
         self._none_until.pop(key, None)
+        if now:
+            self.views[key] = view.model_dump(mode="json")
+            self._dirty.discard(key)
+        else:
+            self._dirty.add(key)
+
+    def flush(self) -> None:
+        """Write the poll's counts: the consumer loop calls this before it commits the poll's
+        offsets, so a crash before it redelivers the records and they are counted again (the
+        saved offsets say which were counted)."""
+        for key in sorted(self._dirty):
+            self.views[key] = self._poll[key].model_dump(mode="json")
+        self._dirty.clear()
+        self._poll.clear()
 
     # ------------------------------------------------------------------ start
 
@@ -226,6 +247,11 @@ class CanaryJudge:
         if view is None:
             return []
         if not view.live:
+            if view.decision is not None and view.decision.done:  # nothing runs: look later
+                self._none_until[canary_key(env.tenant, env.policy)] = (
+                    time.monotonic() + NO_VIEW_TTL_S
+                )
+                self._poll.pop(canary_key(env.tenant, env.policy), None)
             return self._carry_out(env.tenant, env.policy, view)
         where = f"{record.topic}:{record.partition}"
         if record.offset <= view.offsets.get(where, -1):
@@ -233,8 +259,6 @@ class CanaryJudge:
         view.offsets[where] = record.offset
         counted = self._count(env, view)
         if not counted:
-            if record.offset % 100 == 0:  # progress kept now and then, not per foreign record
-                self._save(env.tenant, env.policy, view)
             return []
         decided = verdict(view)
         if decided is not None:
@@ -247,8 +271,11 @@ class CanaryJudge:
                 deciding_event_id=env.event_id,
                 requested_by=self.producer,
             )
-        self._save(env.tenant, env.policy, view)  # counts (and a decision) before any effect
-        return self._carry_out(env.tenant, env.policy, view) if decided else []
+        if decided is None:
+            self._save(env.tenant, env.policy, view, now=False)  # written by flush
+            return []
+        self._save(env.tenant, env.policy, view)  # counts and the decision before any effect
+        return self._carry_out(env.tenant, env.policy, view)
 
     def _count(self, env: Envelope[Any], view: CanaryView) -> bool:
         p = env.payload

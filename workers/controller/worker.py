@@ -53,6 +53,7 @@ from schemas.events import (
 from schemas.logs import configure_logging
 from schemas.settings import MintSettings, get_settings
 from streams import health
+from streams.deferred import DeferredWork
 from streams.group import run_consumer
 from streams.producer import EventProducer
 from streams.records import ConsumerStats, stop_on_signals
@@ -158,6 +159,8 @@ def run_controller(
             stop=stop,
             idle_timeout_s=idle_timeout_s,
             producer=producer,
+            # a running canary's counts are written once per poll, before its commit
+            deferred=DeferredWork(before_commit=judge.flush),
             **consumer_options,
         )
     finally:
