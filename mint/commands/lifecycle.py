@@ -24,7 +24,7 @@ from mint.commands.policy_status import (
     policies_retire,
     policies_show,
 )
-from mint.commands.revisions import revision  # `mint revision show`: beside `mint revisions`
+from mint.commands.revisions import revision  # `mint revision show|tag`: beside `mint revisions`
 from schemas.settings import get_settings
 
 console = Console(stderr=True)
@@ -146,8 +146,9 @@ policies.add_command(policies_retire)
 @output_option
 @one_line_errors
 def revisions(policy_id: str, limit: int, output: str) -> None:
-    """A policy's revisions, newest first, with the aliases that point at them, training loss
-    and reward, and each suite's evaluation verdict (`mint revision show REF`: one, whole)."""
+    """A policy's revisions, newest first, with the aliases that point at them, their tags
+    (`mint revision tag REF TAG…`), training loss and reward, and each suite's evaluation
+    verdict (`mint revision show REF`: one, whole)."""
     from mint.commands.revisions import print_revisions, revision_row
 
     tenant, policy = tenant_policy(policy_id)

@@ -1,10 +1,11 @@
 """`mint policies configure|show|retire`: one policy's lifecycle configuration, its state, and
 retiring or restoring it.
 
-Retirement is a fact in the log (``policy.retired`` on serving.events) that the projector
-records on the policy's catalog row, so `mint catalog rebuild` gives the same row. While a
-policy is retired the catalog registers no revision and moves no alias in it; its revisions
-and aliases stay readable and served. ``--undo`` restores it.
+Retiring is a command (``policy.retire`` on serving.commands) that the controller carries out:
+it writes the policy's catalog row and publishes the fact (``policy.retired`` on serving.events),
+which the projector records again from the log, so `mint catalog rebuild` gives the same row.
+While a policy is retired the catalog registers no revision and moves no alias in it; its
+revisions and aliases stay readable and served. ``--undo`` restores it.
 """
 
 from __future__ import annotations
@@ -258,15 +259,16 @@ def _retired(pol: Any) -> str:
 @click.argument("policy_id")
 @click.option("--reason", default="", help="Why (kept with the event on serving.events).")
 @click.option("--undo", is_flag=True, help="Restore a retired policy.")
-@click.option("--timeout", default=30.0, help="Seconds to wait for the catalog to show it.")
+@click.option("--timeout", default=30.0, help="Seconds to wait for the controller's answer.")
 @one_line_errors
 def policies_retire(policy_id: str, reason: str, undo: bool, timeout: float) -> None:
     """Retire a policy: no new revisions and no alias moves; its revisions and aliases stay
     readable and served. Reversible with --undo.
 
     \b
-    Publishes policy.retired on serving.events and waits until the catalog shows it (the
-    projector applies it: `mint worker projector`). A policy the catalog lacks is refused
+    Publishes policy.retire on serving.commands; it is carried out by the controller
+    (`mint worker controller`), which writes the catalog and answers policy.retired (or
+    serving.refused, whose reason is printed: exit 1). A policy the catalog lacks is refused
     before anything is sent. While retired, training updates of the policy fail (their
     revision cannot be registered) and promotions are refused.
     \b
@@ -297,8 +299,8 @@ def policies_retire(policy_id: str, reason: str, undo: bool, timeout: float) -> 
         ) from None
     except WaitTimeout as e:
         raise MintError(
-            f"{e} The event is on serving.events: the catalog records it when the projector "
-            f"runs (`mint worker projector`); `mint policies show {policy_id}` shows when"
+            f"{e} The command is on serving.commands: the controller carries it out when it "
+            f"runs (`mint worker controller`); `mint policies show {policy_id}` shows when"
         ) from None
     if pol.retired_at is None:
         console.print(f"{policy_id} restored: revisions can be registered and promoted again")

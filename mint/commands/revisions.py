@@ -1,11 +1,13 @@
 """A revision's figures as the CLI shows them: the rows of `mint revisions` and `mint catalog
-revisions` (training loss and reward, evaluation verdicts), and `mint revision show REF` (every
-field of one revision, each evaluation with all its metrics against its thresholds)."""
+revisions` (tags, training loss and reward, evaluation verdicts), `mint revision show REF` (every
+field of one revision, each evaluation with all its metrics against its thresholds), and
+`mint revision tag REF TAG…` (a revision's labels, changed through the controller)."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,6 +19,7 @@ from rich.table import Table
 
 from mint.commands.errors import one_line_errors
 from mint.commands.listing import Cell, object_output_option, print_rows, text, when
+from schemas.names import TagName
 from schemas.settings import get_settings
 
 console = Console(stderr=True)
@@ -24,6 +27,9 @@ out = Console()
 
 # The order `revision show` lists training figures in (TrainingFigures' fields).
 FIGURES = ("steps", "tokens", "loss", "reward", "learning_rate")
+# A tag's rule, the wire contract's (TagCommand's add/remove), checked before anything is sent.
+TAG_RE = TagName.__metadata__[0].pattern
+TAG_RULE = "1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
 
 
 @contextmanager
@@ -68,6 +74,7 @@ def revision_row(
     if aliases is not None:
         row["aliases"] = sorted(aliases)
     row |= {
+        "tags": sorted(getattr(rev, "tags", None) or []),
         "created_at": rev.created_at,
         "created_by": rev.created_by,
         "training": dict(getattr(rev, "training", None) or {}),
@@ -125,6 +132,7 @@ def columns(with_aliases: bool, with_store: bool) -> dict[str, Cell]:
     if with_aliases:
         cols["aliases"] = lambda r: ", ".join(r["aliases"])
     cols |= {
+        "tags": lambda r: ", ".join(r["tags"]) or "-",
         "created": when("created_at"),
         "by": text("created_by"),
         "loss": figure("loss"),
@@ -145,7 +153,7 @@ def print_revisions(rows: list[dict[str, Any]], output: str, *, store: bool = Fa
 
 @click.group("revision")
 def revision() -> None:
-    """One revision of a policy: `mint revision show tenant/policy@N|@alias|@sha256:…`."""
+    """One revision of a policy: `mint revision show|tag|download tenant/policy@N|@alias|…`."""
 
 
 @revision.command("show")
@@ -153,8 +161,8 @@ def revision() -> None:
 @object_output_option
 @one_line_errors
 def show(reference: str, output: str) -> None:
-    """Every field of one revision: digest, parent, aliases, created, by, training figures and
-    each evaluation with all its metrics against the thresholds.
+    """Every field of one revision: digest, parent, aliases, tags, created, by, training figures
+    and each evaluation with all its metrics against the thresholds.
 
     REFERENCE is tenant/policy@N, @alias or @sha256:… (tenant/policy alone: the latest)."""
     with catalog_repo() as repo:
@@ -184,6 +192,97 @@ def resolve(repo: Any, reference: str) -> tuple[str, str, int]:
     if not page:
         raise click.ClickException(f"{tenant}/{policy} has no revisions yet")
     return tenant, policy, page[0].revision
+
+
+# ---------------------------------------------------------------------- revision tag
+
+
+def _tags(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> list[str]:
+    """Each tag checked against the contract's rule: a bad one is a usage error naming it."""
+    for value in values:
+        if not re.match(TAG_RE, value):
+            raise click.BadParameter(
+                f"{value!r} is not a tag: a tag is {TAG_RULE} ({TAG_RE}), e.g. 'candidate', "
+                "'reviewed' or 'release-2026-12'"
+            )
+    return list(dict.fromkeys(values))
+
+
+@revision.command("tag")
+@click.argument("reference")
+@click.argument("tags", nargs=-1, metavar="[TAG]...", callback=_tags)
+@click.option(
+    "--remove",
+    multiple=True,
+    metavar="TAG",
+    callback=_tags,
+    help="Take this tag off the revision (repeat for more).",
+)
+@click.option("--timeout", default=60.0, help="Seconds to wait for the controller's answer.")
+@one_line_errors
+def tag(reference: str, tags: list[str], remove: list[str], timeout: float) -> None:
+    """Add tags to a revision (and take others off with --remove): labels a registry keeps,
+    such as candidate, reviewed or release-2026-12. Prints the revision's tags afterwards.
+
+    REFERENCE is tenant/policy@N, @alias or @sha256:… (an alias or a digest is resolved to its
+    revision number first: the tag stays with that revision when the alias moves on).
+
+    \b
+    Publishes revision.tag on serving.commands; it is carried out by the controller
+    (`mint worker controller`), which answers revision.tagged (the whole resulting set) or
+    serving.refused, whose reason is printed (exit 1): e.g. no such revision.
+    \b
+    Example:
+      mint revision tag acme/math-rl@7 candidate reviewed
+      mint revision tag acme/math-rl@prod release-2026-12 --remove candidate
+      mint revisions acme/math-rl -o json | jq '{revision, tags}'
+    """
+    from catalog.exceptions import InvalidReference
+    from catalog.refs import parse_ref
+    from mint.sdk import MintError
+    from mint.sdk.exceptions import WaitTimeout
+    from streams.exceptions import KafkaUnavailable, PublishError
+
+    if not tags and not remove:
+        raise click.UsageError("give a TAG to add or --remove TAG (see --help)")
+    both = sorted(set(tags) & set(remove))
+    if both:
+        raise click.UsageError(f"{', '.join(both)}: both added and removed; name each tag once")
+    if "@" not in reference:
+        raise click.BadParameter(
+            f"{reference!r} names no revision: give tenant/policy@N, @alias or @sha256:…",
+            param_hint="REFERENCE",
+        )
+    try:
+        ref = parse_ref(reference)
+    except InvalidReference as e:
+        raise click.BadParameter(str(e), param_hint="REFERENCE") from None
+    number = ref.revision
+    if number is None:  # an alias or a digest: the revision it names now
+        with catalog_repo() as repo:
+            number = repo.resolve(ref).revision
+    where = f"{ref.tenant}/{ref.policy}@{number}"
+    try:
+        with _client(ref.tenant, timeout) as c:
+            now = c.tag(ref.policy, number, add=tags, remove=remove)
+    except KafkaUnavailable as e:
+        raise MintError(f"{e}; nothing was sent, {where} was not tagged") from None
+    except PublishError as e:
+        raise MintError(
+            f"{e}; check `mint revision show {where}` before sending it again"
+        ) from None
+    except WaitTimeout as e:
+        raise MintError(
+            f"{e} The command is on serving.commands: the controller carries it out when it "
+            f"runs (`mint worker controller`); `mint revision show {where}` shows when"
+        ) from None
+    click.echo(f"{where}: {', '.join(now) or 'no tags'}")
+
+
+def _client(tenant: str, timeout_s: float):
+    from mint.sdk import MintClient
+
+    return MintClient(get_settings(), tenant, producer="cli", timeout_s=timeout_s)
 
 
 @revision.command("download")
@@ -232,6 +331,7 @@ def print_revision(row: Mapping[str, Any]) -> None:
         ("store uri", row["store_uri"]),
         ("parent", str(row["parent_revision"] or "-")),
         ("aliases", ", ".join(row["aliases"]) or "-"),
+        ("tags", ", ".join(row["tags"]) or "-"),
         ("created", f"{row['created_at']:%Y-%m-%d %H:%M:%S}"),
         ("by", row["created_by"] or "-"),
     ]

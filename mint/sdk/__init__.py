@@ -1,6 +1,6 @@
 """The MinT SDK: a client whose verbs are events (create_policy, train, rollout, update,
 evaluate, promote (or start a canary: ``promote(..., canary=0.1)``), rollback, canary_status,
-feedback, infer, history, wait_for; vLLM's sampling and
+feedback, tag (a revision's labels), retire, infer, history, wait_for; vLLM's sampling and
 structured-output settings on infer: mint.sdk.sampling) and Tinker-style verbs on top; a tenant's
 client over HTTP with an API key alone: ``MintClient.remote(base_url, api_key)`` (mint.sdk.remote)."""
 

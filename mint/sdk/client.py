@@ -9,6 +9,8 @@
         print(mint.infer("math-rl", "hello").text)
         mint.promote("math-rl", 7, canary=0.1)  # 10% of prod's callers, judged live
         mint.rollback("math-rl")
+        mint.tag("math-rl", 7, add=["reviewed"])  # the revision's tags now
+        mint.retire("math-rl", reason="superseded")  # through the controller
 
 A call publishes its command and waits for the event whose ``causation_id`` is the command's id
 (the watcher was positioned at the topics' end before publishing, so no answer is missed).
@@ -17,7 +19,6 @@ Catalog reads (revisions, aliases, history) go to Cassandra directly.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Unpack
@@ -25,7 +26,8 @@ from typing import TYPE_CHECKING, Any, Unpack
 import structlog
 
 from catalog.store import AdapterStore
-from mint.sdk.exceptions import RequestFailed, WaitTimeout
+from mint.sdk.exceptions import RequestFailed
+from mint.sdk.registry import RegistryVerbs
 from mint.sdk.sampling import SamplingFields, sampling_options
 from mint.sdk.serving import ServingVerbs
 from mint.sdk.training import TrainingVerbs
@@ -37,7 +39,6 @@ from schemas.events import (
     InferCompleted,
     InferRequested,
     PolicyConfigured,
-    PolicyRetirement,
     Threshold,
 )
 from schemas.events.sampling import SamplingOptions
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger()
 
 
-class MintClient(TrainingVerbs, ServingVerbs):
+class MintClient(TrainingVerbs, ServingVerbs, RegistryVerbs):
     def __init__(
         self,
         settings: MintSettings,
@@ -181,35 +182,6 @@ class MintClient(TrainingVerbs, ServingVerbs):
                 "create_policy first"
             )
         return model
-
-    def retire(
-        self,
-        policy: str,
-        reason: str = "",
-        undo: bool = False,
-        *,
-        timeout_s: float | None = None,
-        poll_s: float = 0.2,
-    ) -> Any:
-        """Retire ``policy`` (``undo``: restore it): no new revision or alias move while
-        retired, its revisions and aliases stay readable. Publishes ``policy.retired`` and
-        returns the policy once the projector recorded it (``retired_at``, ``retired_by``).
-        PolicyNotFound: nothing sent; WaitTimeout: it applies when the projector runs."""
-        self.catalog.get_policy(self.tenant, policy)  # PolicyNotFound: nothing sent
-        env = self.send(
-            policy,
-            PolicyRetirement(retired=not undo, reason=reason, requested_by=self.name),
-        )
-        wait = timeout_s if timeout_s is not None else self.timeout_s
-        deadline = time.monotonic() + wait
-        while not self.catalog.is_applied(env.event_id):
-            if time.monotonic() >= deadline:
-                raise WaitTimeout(
-                    f"policy.retired {env.event_id} of {env.policy_id} was not applied to the "
-                    f"catalog within {wait:g}s: is `mint worker projector` running?"
-                )
-            time.sleep(poll_s)
-        return self.catalog.get_policy(self.tenant, policy)
 
     def infer(
         self,

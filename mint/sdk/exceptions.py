@@ -17,8 +17,9 @@ class RequestFailed(MintError, RuntimeError):
 
 
 class CommandRefused(MintError, RuntimeError):
-    """The controller refused a promote or rollback (``serving.refused``): the message says why
-    (e.g. the alias is no longer at the expected revision: re-read it and retry)."""
+    """The controller refused a command (``serving.refused``: a promote, rollback, canary, tag
+    or retirement): the message says why (e.g. the alias is no longer at the expected revision:
+    re-read it and retry; no such revision)."""
 
     def __init__(self, message: str, *, current_revision: int | None = None) -> None:
         super().__init__(message)

@@ -1,6 +1,7 @@
 """`policy.retired` without Kafka or Cassandra: the contract, its projection (fake repository),
-`mint policies retire|show` (fake client and repository), the SDK's wait and the trainer's
-refusal of an update of a retired policy."""
+`mint policies retire|show` (fake client and repository), the SDK's policy.retire command
+answered by the controller's registry logic, and the trainer's refusal of an update of a
+retired policy."""
 
 from __future__ import annotations
 
@@ -21,11 +22,12 @@ from catalog.models import Alias, Policy, Revision
 from catalog.projection import PROJECTED_TYPES, Outcome, apply_event, apply_events
 from mint.cli import main
 from mint.sdk.client import MintClient
-from mint.sdk.exceptions import WaitTimeout
+from mint.sdk.exceptions import CommandRefused, WaitTimeout
 from schemas import decode_event, encode_event, make_event
 from schemas.events import PolicyRetirement
 from schemas.exceptions import EventValidationError
 from streams.exceptions import KafkaUnavailable, Refused, is_refusal
+from workers.controller.registry import carry_out
 from workers.trainer.exporting import RevisionExporter, derived_id
 
 AT = datetime(2026, 12, 6, 21, 0, 0, 123000, tzinfo=UTC)
@@ -120,46 +122,80 @@ def test_a_retirement_of_an_unknown_policy_is_refused_and_not_recorded() -> None
 
 
 class SdkCatalog:
-    def __init__(self, policy: Policy | None, applied_after: int = 0) -> None:
-        self.policy, self.polls, self.applied_after = policy, 0, applied_after
+    """The catalog the controller writes (set_retired) and the SDK reads, faked."""
+
+    def __init__(self, policy: Policy | None) -> None:
+        self.policy, self.writes = policy, []
 
     def get_policy(self, tenant, policy) -> Policy:
         if self.policy is None:
             raise PolicyNotFound(f"policy {tenant}/{policy} does not exist")
         return self.policy
 
-    def is_applied(self, event_id) -> bool:
-        self.polls += 1
-        return self.polls > self.applied_after
+    def set_retired(self, tenant, policy, *, retired, at, by=""):
+        self.get_policy(tenant, policy)
+        self.writes.append((retired, by))
+        self.policy = _policy(AT, by) if retired else _policy()
+        return self.policy
 
 
-def _sdk(catalog: SdkCatalog) -> tuple[MintClient, list]:
+class ControllerWatcher:
+    """Answers the last command sent as the controller does (workers.controller.registry on
+    the decoded command); ``gone`` deletes the policy first, None: no controller runs."""
+
+    def __init__(self, catalog: SdkCatalog, sent: list, mode: str | None = "live") -> None:
+        self.catalog, self.sent, self.mode, self.replies = catalog, sent, mode, []
+
+    def wait_for(self, predicate, timeout_s, what, request_id=None):
+        if self.mode is not None:
+            if self.mode == "gone":
+                self.catalog.policy = None
+            cmd = decode_event(encode_event(self.sent[-1]))
+            self.replies = carry_out(self.catalog, cmd, producer="controller/test")
+        for env in self.replies:
+            if predicate(env):
+                return env
+        raise WaitTimeout(f"no {what} within {timeout_s:.0f} s")
+
+
+def _sdk(catalog: SdkCatalog, mode: str | None = "live") -> tuple[MintClient, list]:
     client = object.__new__(MintClient)  # no Kafka, no Cassandra: the parts retire uses
     sent: list = []
     client.tenant, client.name, client.timeout_s = "acme", "sdk", 5.0
     client._catalog = catalog
     client.producer = SimpleNamespace(publish=sent.append)
+    client.watcher = ControllerWatcher(catalog, sent, mode)
     return client, sent
 
 
-def test_sdk_retire_publishes_and_waits_for_the_projector() -> None:
-    catalog = SdkCatalog(_policy(AT, "sdk"), applied_after=2)
+def test_sdk_retire_sends_the_command_and_returns_the_policy_the_controller_wrote() -> None:
+    catalog = SdkCatalog(_policy())
     client, sent = _sdk(catalog)
-    assert client.retire("math-rl", reason="old", poll_s=0.0).retired_by == "sdk"
-    (env,) = sent
-    assert env.type == "policy.retired" and env.payload.retired is True
-    assert (env.payload.reason, env.payload.requested_by) == ("old", "sdk")
-    assert catalog.polls == 3
+    assert client.retire("math-rl", reason="old").retired_by == "sdk"
+    (cmd,) = sent
+    assert cmd.type == "policy.retire" and type(cmd.payload).topic == "serving.commands"
+    assert (cmd.payload.retired, cmd.payload.reason, cmd.payload.requested_by) == (
+        True,
+        "old",
+        "sdk",
+    )
+    (fact,) = client.watcher.replies  # the fact answers the command
+    assert fact.type == "policy.retired" and fact.causation_id == cmd.event_id
+    assert client.retire("math-rl", undo=True).retired_at is None
+    assert sent[1].payload.retired is False and catalog.writes == [(True, "sdk"), (False, "sdk")]
 
 
-def test_sdk_retire_of_an_unknown_policy_sends_nothing_and_a_slow_projector_times_out() -> None:
+def test_sdk_retire_refused_before_sending_by_the_controller_or_timed_out() -> None:
     client, sent = _sdk(SdkCatalog(None))
     with pytest.raises(PolicyNotFound):
         client.retire("math-rl")
     assert sent == []
-    client, sent = _sdk(SdkCatalog(_policy(), applied_after=10**9))
-    with pytest.raises(WaitTimeout, match="mint worker projector"):
-        client.retire("math-rl", undo=True, timeout_s=0.05, poll_s=0.01)
+    client, sent = _sdk(SdkCatalog(_policy()), mode="gone")  # deleted after the check
+    with pytest.raises(CommandRefused, match="policy.retire of acme/math-rl refused: .*exist"):
+        client.retire("math-rl")
+    client, sent = _sdk(SdkCatalog(_policy()), mode=None)
+    with pytest.raises(WaitTimeout, match="mint worker controller"):
+        client.retire("math-rl", undo=True, timeout_s=0.05)
     assert sent[0].payload.retired is False
 
 
@@ -221,7 +257,8 @@ def test_undo_restores_and_a_repeat_sends_nothing(cli) -> None:
     [
         (PolicyNotFound("policy acme/math-rl does not exist"), None, "does not exist"),
         (_policy(), KafkaUnavailable("no broker"), "nothing was sent"),
-        (_policy(), WaitTimeout("not applied in time."), "mint worker projector"),
+        (_policy(), WaitTimeout("no answer in time."), "mint worker controller"),
+        (_policy(), CommandRefused("policy.retire of acme/math-rl refused: gone"), "gone"),
     ],
 )
 def test_failures_are_one_line_that_says_what_happened(cli, state, fail, expected) -> None:

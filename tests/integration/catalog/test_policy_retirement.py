@@ -1,7 +1,8 @@
-"""`mint policies retire` on real Kafka and Cassandra: the CLI publishes policy.retired, a
-projector running in a thread records it, the retired policy takes no revision and no alias
-move while its alias still resolves, `--undo` restores it, and a catalog rebuilt from the log
-has the same policies row (retired_at, retired_by)."""
+"""`mint policies retire` on real Kafka and Cassandra: the CLI publishes policy.retire, a
+controller running in a thread carries it out (writes the catalog, answers policy.retired), a
+projector in a thread records the fact again from the log, the retired policy takes no revision
+and no alias move while its alias still resolves, `--undo` restores it, each fact answers its
+command, and a catalog rebuilt from the log has the same policies row (retired_at, retired_by)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from catalog.snapshot import compare
 from mint.cli import main
 from schemas.events import PromoteCommand
 from streams.producer import EventProducer
+from workers.controller.worker import run_controller
 from workers.projector import read_log, run_projector
 
 from .test_projection import command, export
@@ -56,6 +58,23 @@ def projector(settings, live):
     thread.join(timeout=30)
 
 
+@pytest.fixture
+def controller(settings, live):
+    """`mint worker controller` in a thread for the test's duration (it carries out
+    policy.retire)."""
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=run_controller,
+        args=(settings,),
+        kwargs={"stop": stop, "group_id": f"{settings.topic_prefix}-controller"},
+        daemon=True,
+    )
+    thread.start()
+    yield
+    stop.set()
+    thread.join(timeout=30)
+
+
 def _until(check, timeout_s: float = 30.0):
     deadline = time.monotonic() + timeout_s
     while True:
@@ -65,7 +84,7 @@ def _until(check, timeout_s: float = 30.0):
             got = None
         if got:
             return got
-        assert time.monotonic() < deadline, "the projector did not apply it in time"
+        assert time.monotonic() < deadline, "the workers did not apply it in time"
         time.sleep(0.2)
 
 
@@ -75,11 +94,12 @@ def _latest(repo: CatalogRepository) -> int | None:
 
 
 def _retire(*args: str):
-    return CliRunner().invoke(main, ["policies", "retire", PID, *args])
+    # (the first one waits for the controller thread to join its group on a busy machine)
+    return CliRunner().invoke(main, ["policies", "retire", PID, "--timeout", "120", *args])
 
 
 def test_retire_refuses_revisions_keeps_aliases_and_undo_restores(
-    settings, live, cli_env, projector
+    settings, live, cli_env, projector, controller
 ) -> None:
     session = live
     repo = CatalogRepository(session, settings.keyspace)
@@ -124,6 +144,16 @@ def test_retire_refuses_revisions_keeps_aliases_and_undo_restores(
     assert _retire("--reason", "for good").exit_code == 0
     live_row = repo.get_policy(TENANT, POLICY)
     assert live_row.retired_at is not None
+
+    # Each fact answers its command (three asked, three carried out) and was projected too.
+    log = list(read_log(settings, topics=("serving.commands", "serving.events")))
+    asked = {e.event_id: e for e in log if e.type == "policy.retire" and e.policy_id == PID}
+    facts = [e for e in log if e.type == "policy.retired" and e.policy_id == PID]
+    assert len(asked) == 3 and sorted(f.causation_id for f in facts) == sorted(asked)
+    assert [f.payload.retired for f in facts] == [
+        asked[f.causation_id].payload.retired for f in facts
+    ]
+    _until(lambda: all(repo.is_applied(f.event_id) for f in facts))
 
     # The catalog is a projection of the log: a rebuild has the same policies row.
     target = f"{settings.keyspace}_rb"
