@@ -65,8 +65,9 @@ class AliasMoved(Payload):
 
 
 class ServingRefused(Payload):
-    """A promote or rollback command that was not carried out, and why (the caller reads it: the
-    SDK and `mint promote|rollback` print the reason instead of waiting for a move)."""
+    """A serving or registry command (promote, rollback, canary, tag, retire) that was not
+    carried out, and why (the caller reads it: the SDK and the CLI print the reason instead of
+    waiting for a fact)."""
 
     event_type = "serving.refused"
     topic = "serving.events"

@@ -137,3 +137,16 @@ def test_without_scores_the_rule_judges_failures_alone():
     assert verdict(_view(rule, {"answers": 10}, {"answers": 100}))[0] == "promoted"
     lost = verdict(_view(rule, {"answers": 10, "failures": 2}, {"answers": 100}))
     assert lost[0] == "rolled_back" and "failure rate" in lost[1]
+
+
+def test_an_alias_with_a_running_canary_is_read_from_the_catalog_on_every_request():
+    reads = []
+
+    def resolve(ref):
+        reads.append(ref)
+        return _prod(0.1)
+
+    cache = ResolutionCache(resolve, ttl_s=60)
+    for _ in range(3):
+        assert cache.resolve("acme/math@prod").canary is not None
+    assert len(reads) == 3

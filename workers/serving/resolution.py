@@ -2,7 +2,8 @@
 
 Alias answers are cached for ``ttl_s`` (a bound on staleness if an event is missed); an
 ``alias.moved`` event replaces the cached answer at once, so a promotion or a rollback takes
-effect on the next request without a restart. Numbered and digest references are immutable and
+effect on the next request without a restart. An alias with a running canary is read from the
+catalog on every request, so the canary's end takes effect on the next request everywhere. Numbered and digest references are immutable and
 cached without expiry (bounded LRU).
 
 Moves are applied in their own order, not in the order they are read: a replayed older move
@@ -61,6 +62,11 @@ class ResolutionCache:
                 return hit[0]
             self.misses += 1
         res = self._resolve(ref)  # outside the lock: a catalog read
+        if res.canary is not None:
+            # Not cached while a canary runs: its end is written to the catalog before it is
+            # announced, so a request sent after anyone saw the decision reads it here, even
+            # before this engine reads the announcement (one catalog read per such request).
+            return res
         expires = now + self.ttl_s if ref.alias is not None else None
         self._put(ref, res, expires)
         return res
