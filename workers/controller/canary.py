@@ -387,6 +387,7 @@ class CanaryJudge:
                 seq=move.seq,
             )
             out.append(self._fact(moved, tenant, policy, view, "promote", move.moved_at, command))
+            metrics.ALIAS_MOVES.labels("promote").inc()
         view.decision = d.model_copy(update={"outcome": outcome, "reason": reason, "done": True})
         self._save(tenant, policy, view)
         metrics.CANARIES.labels(outcome).inc()
