@@ -19,12 +19,17 @@ from kafka import TopicPartition
 from schemas import Envelope, decode_event
 from schemas.events import (
     AliasMoved,
+    CanaryCommand,
+    CanaryEnded,
+    CanaryStarted,
     EvalCompleted,
     EvalRequested,
     ExportCompleted,
     InferCompleted,
     InferFailed,
+    PolicyRetirement,
     PromoteCommand,
+    RevisionTagged,
     RollbackCommand,
     ServingRefused,
     UpdateCompleted,
@@ -113,6 +118,24 @@ def step_of(env: Envelope[Any]) -> Step | None:
         )
     if isinstance(p, ServingRefused):
         return Step(at, "refused", p.current_revision, p.reason)
+    if isinstance(p, CanaryCommand):
+        return Step(at, "canary asked", p.revision, f"@{p.alias} {p.share:.0%} {p.reason}".strip())
+    if isinstance(p, CanaryStarted):
+        return Step(
+            at,
+            "canaried",
+            p.revision,
+            f"@{p.alias} {p.share:.0%} of callers -> r{p.revision}, "
+            f"the rest on r{p.incumbent_revision}",
+        )
+    if isinstance(p, CanaryEnded):
+        kind = "canary won" if p.outcome == "promoted" else "canary ended"
+        return Step(at, kind, p.revision, f"@{p.alias} {p.reason}")
+    if isinstance(p, RevisionTagged):
+        return Step(at, "tagged", p.revision, ", ".join(p.tags) or "no tags")
+    if isinstance(p, PolicyRetirement):
+        kind = "retired" if p.retired else "restored"
+        return Step(at, kind, None, p.reason)
     return None
 
 
