@@ -38,6 +38,12 @@ def main(log_format: str) -> None:
       mint demo          run the end-to-end demo
       mint dev down      stop what `dev up` started
 
+    \b
+    References, everywhere: tenant/policy@alias (what the alias serves now), tenant/policy@N
+    (revision N), tenant/policy@sha256:<64 hex> (the revision with that adapter digest).
+    A command that moves an alias takes the alias's reference (`mint rollback acme/math@prod`)
+    or the revision it moves to (`mint promote acme/math@7 --alias prod`).
+
     Configuration comes from MINT_* environment variables (see README, "Configuration").
     """
     configure_logging(get_settings().log_level, log_format)

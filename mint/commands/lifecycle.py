@@ -13,6 +13,7 @@ from collections.abc import Callable
 import click
 from rich.console import Console
 
+from mint.commands import args
 from mint.commands.args import tenant_policy
 from mint.commands.canary import ended_line, say, started_line, started_rule
 from mint.commands.errors import one_line_errors
@@ -244,7 +245,8 @@ def promote(
     reason: str,
     timeout: float,
 ) -> None:
-    """Move an alias to a revision: `mint promote acme/math-rl@7`.
+    """Move an alias to a revision: `mint promote acme/math-rl@7` (or `@sha256:…`, or
+    `@staging` to promote what staging serves; `--alias` names the alias moved, prod).
 
     Publishes serving.promote; the controller carries it out by compare-and-set on the catalog
     and publishes alias.moved, which this command waits for, or serving.refused, whose reason
@@ -256,14 +258,14 @@ def promote(
     same caller always on the same side) get revision 7, the rest stay where prod points;
     the controller judges it (`mint canary status acme/math-rl`) and promotes or ends it
     (`mint rollback acme/math-rl` ends it by hand)."""
-    tenant, policy = tenant_policy(reference)
-    rev = reference.partition("@")[2]
-    if not rev.isdigit():
-        raise click.BadParameter(f"{reference!r} names no revision (tenant/policy@N)")
+    ref = args.reference(reference)
+    tenant, policy = ref.tenant, ref.policy
 
     def send(c):
+        # @N as it is; @sha256:… or another alias (promote staging to prod) resolved first
+        rev = ref.revision if ref.revision is not None else c.catalog.resolve(ref).revision
         answer = c.promote(
-            policy, int(rev), alias=alias, expected_revision=expected, reason=reason, canary=canary
+            policy, rev, alias=alias, expected_revision=expected, reason=reason, canary=canary
         )
         return answer, (started_rule(c, answer) if canary is not None else None)
 
@@ -277,7 +279,7 @@ def promote(
 
 @click.command("rollback")
 @click.argument("policy_id")
-@click.option("--alias", default="prod")
+@click.option("--alias", default=None, help="The alias to move back (default: prod).")
 @click.option("--to", "to_revision", type=int, default=None, help="Default: the previous target.")
 @click.option("--reason", default="", show_default=False, help="Recorded in the alias history.")
 @click.option("--timeout", default=60.0, help="Seconds to wait for the move.")
@@ -289,8 +291,9 @@ def rollback(
 
     Two rollbacks in a row return to where they started (like `kubectl rollout undo`).
     While a canary of the alias runs (`mint promote T/P@N --canary`), it ends the canary
-    instead and the alias stays where it is: `mint rollback acme/math-rl`."""
-    tenant, policy = tenant_policy(policy_id)
+    instead and the alias stays where it is: `mint rollback acme/math-rl@prod`."""
+    ref = args.alias_reference(policy_id, alias)
+    tenant, policy, alias = ref.tenant, ref.policy, ref.alias
     moved = move_alias(
         tenant,
         policy,
