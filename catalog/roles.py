@@ -47,8 +47,6 @@ RIGHTS: dict[str, Rights] = {
             "worker_state",
             "canary_history",
             "canary_answers",
-            "policies",  # retirement (policy.retire)
-            "revisions",  # tags (revision.tag)
         ),
     ),
     # a policy's first update creates it; exports register revisions (by digest, by event id)

@@ -14,10 +14,11 @@ answered by ``serving.refused``, raised here as CommandRefused with the controll
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import Any
 
-from mint.sdk.exceptions import CommandRefused
+from mint.sdk.exceptions import CommandRefused, WaitTimeout
 from mint.sdk.serving import _build
 from mint.sdk.watcher import answering
 from schemas import Envelope
@@ -79,8 +80,8 @@ class RegistryVerbs:
     ) -> Any:
         """Retire ``policy`` (``undo``: restore it): no new revision or alias move while
         retired, its revisions and aliases stay readable. Publishes ``policy.retire``, which
-        the controller (`mint worker controller`) carries out, and returns the policy as the
-        catalog has it then (``retired_at``, ``retired_by``). PolicyNotFound: nothing sent;
+        the controller (`mint worker controller`) answers with ``policy.retired``, and returns
+        the policy once the projector recorded it (``retired_at``, ``retired_by``). PolicyNotFound: nothing sent;
         CommandRefused: the controller's reason; WaitTimeout: it applies when the controller
         runs (the command stays on serving.commands)."""
         self.catalog.get_policy(self.tenant, policy)  # PolicyNotFound: nothing sent
@@ -94,7 +95,17 @@ class RegistryVerbs:
                 requested_by=self.name,
             ),
         )
-        self._registry_answer(cmd, "policy.retired", cmd.policy_id, timeout_s)
+        fact = self._registry_answer(cmd, "policy.retired", cmd.policy_id, timeout_s)
+        # The projector records the fact (the controller may not write the policies table).
+        wait = timeout_s if timeout_s is not None else self.timeout_s
+        deadline = time.monotonic() + wait
+        while not self.catalog.is_applied(fact.event_id):
+            if time.monotonic() >= deadline:
+                raise WaitTimeout(
+                    f"policy.retired {fact.event_id} of {cmd.policy_id} was not recorded in the "
+                    f"catalog within {wait:g}s: is `mint worker projector` running?"
+                )
+            time.sleep(0.1)
         return self.catalog.get_policy(self.tenant, policy)
 
     def _registry_answer(

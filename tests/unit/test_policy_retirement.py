@@ -122,10 +122,13 @@ def test_a_retirement_of_an_unknown_policy_is_refused_and_not_recorded() -> None
 
 
 class SdkCatalog:
-    """The catalog the controller writes (set_retired) and the SDK reads, faked."""
+    """The catalog the projector writes (set_retired) and the SDK reads, faked."""
 
     def __init__(self, policy: Policy | None) -> None:
-        self.policy, self.writes = policy, []
+        self.policy, self.writes, self.applied = policy, [], set()
+
+    def is_applied(self, event_id) -> bool:
+        return event_id in self.applied
 
     def get_policy(self, tenant, policy) -> Policy:
         if self.policy is None:
@@ -139,19 +142,34 @@ class SdkCatalog:
         return self.policy
 
 
+def project(catalog, facts) -> None:
+    """What the projector does with the controller's facts (catalog.projection)."""
+    for env in facts:
+        p = env.payload
+        if env.type == "revision.tagged":
+            catalog.set_tags(env.tenant, env.policy, p.revision, p.tags, at=env.occurred_at)
+        elif env.type == "policy.retired":
+            catalog.set_retired(
+                env.tenant, env.policy, retired=p.retired, at=env.occurred_at, by=p.requested_by
+            )
+        catalog.applied.add(env.event_id)
+
+
 class ControllerWatcher:
     """Answers the last command sent as the controller does (workers.controller.registry on
     the decoded command); ``gone`` deletes the policy first, None: no controller runs."""
 
     def __init__(self, catalog: SdkCatalog, sent: list, mode: str | None = "live") -> None:
         self.catalog, self.sent, self.mode, self.replies = catalog, sent, mode, []
+        self.state: dict = {}  # the controller's worker_state
 
     def wait_for(self, predicate, timeout_s, what, request_id=None):
         if self.mode is not None:
             if self.mode == "gone":
                 self.catalog.policy = None
             cmd = decode_event(encode_event(self.sent[-1]))
-            self.replies = carry_out(self.catalog, cmd, producer="controller/test")
+            self.replies = carry_out(self.catalog, self.state, cmd, producer="controller/test")
+            project(self.catalog, self.replies)  # as the projector records each fact
         for env in self.replies:
             if predicate(env):
                 return env
@@ -168,7 +186,7 @@ def _sdk(catalog: SdkCatalog, mode: str | None = "live") -> tuple[MintClient, li
     return client, sent
 
 
-def test_sdk_retire_sends_the_command_and_returns_the_policy_the_controller_wrote() -> None:
+def test_sdk_retire_sends_the_command_and_returns_the_policy_once_recorded() -> None:
     catalog = SdkCatalog(_policy())
     client, sent = _sdk(catalog)
     assert client.retire("math-rl", reason="old").retired_by == "sdk"

@@ -39,6 +39,7 @@ class Catalog:
     def __init__(self, tags: dict[int, list[str]] | None = None) -> None:
         self.tags = tags if tags is not None else {1: ["candidate"]}
         self.writes: list[tuple[int, list[str]]] = []
+        self.applied: set = set()
 
     def get_policy(self, tenant, policy):
         if policy != "math":
@@ -57,17 +58,32 @@ class Catalog:
         self.writes.append((n, list(tags)))
 
 
+def project(catalog, facts) -> None:
+    """What the projector does with the controller's facts (catalog.projection)."""
+    for env in facts:
+        p = env.payload
+        if env.type == "revision.tagged":
+            catalog.set_tags(env.tenant, env.policy, p.revision, p.tags, at=env.occurred_at)
+        elif env.type == "policy.retired":
+            catalog.set_retired(
+                env.tenant, env.policy, retired=p.retired, at=env.occurred_at, by=p.requested_by
+            )
+        catalog.applied.add(env.event_id)
+
+
 class ControllerWatcher:
     """Answers the last command sent as the controller does (workers.controller.registry on
     the decoded command), or not at all when ``running`` is False."""
 
     def __init__(self, catalog: Catalog, sent: list, running: bool = True) -> None:
         self.catalog, self.sent, self.running, self.replies = catalog, sent, running, []
+        self.state: dict = {}  # the controller's worker_state (controller.tags)
 
     def wait_for(self, predicate, timeout_s, what, request_id=None):
         if self.running and self.sent:
             cmd = decode_event(encode_event(self.sent[-1]))  # as the controller reads it
-            self.replies = carry_out(self.catalog, cmd, producer="controller/test")
+            self.replies = carry_out(self.catalog, self.state, cmd, producer="controller/test")
+            project(self.catalog, self.replies)  # as the projector records each fact
         for env in self.replies:
             if predicate(env):
                 return env

@@ -1,11 +1,12 @@
 """Registry commands the controller carries out: tagging a revision and retiring a policy.
 
 Tenants and operators ask on ``serving.commands`` (their grants); the controller checks the
-command against the catalog, writes it, and publishes the fact (``revision.tagged``,
-``policy.retired``) on ``serving.events``, whose id derives from the command's so that a
-redelivered command re-emits the same fact. The projector records the same fact again from the
-log (the event's time orders the writes), so a catalog rebuilt from the log equals the live one.
-A command the catalog refuses (no such revision or policy) is answered by ``serving.refused``.
+command against the catalog and publishes the fact (``revision.tagged``, ``policy.retired``) on
+``serving.events``, whose id derives from the command's so that a redelivered command re-emits
+the same fact; the projector records it (the controller's role may not write revisions or
+policies). A revision's tag set is kept in the controller's state when it publishes one, so the
+next command of that policy builds on it even before the projector recorded it. A command the
+catalog refuses (no such revision or policy) is answered by ``serving.refused``.
 """
 
 from __future__ import annotations
@@ -28,19 +29,27 @@ from workers.controller import metrics
 _NS = uuid.UUID("0c7d8e21-4b5a-4f3e-9d6c-7a1b2e3f4c5d")
 
 
-def carry_out(repo: Any, cmd: Envelope[Any], *, producer: str) -> list[Envelope[Any]]:
-    """The fact ``cmd`` leads to (written to the catalog already), or its refusal."""
+TAGS_STATE = "controller.tags"  # worker_state: "tenant/policy@N" -> the tag set last published
+
+
+def carry_out(
+    repo: Any, tags_state: Any, cmd: Envelope[Any], *, producer: str
+) -> list[Envelope[Any]]:
+    """The fact ``cmd`` leads to, or its refusal."""
     p, t, pol = cmd.payload, cmd.tenant, cmd.policy
     by = p.requested_by or cmd.producer
     try:
         if isinstance(p, TagCommand):
-            have = set(repo.get_revision(t, pol, p.revision).tags)
+            key = f"{cmd.policy_id}@{p.revision}"
+            held = tags_state.get(key)
+            current = repo.get_revision(t, pol, p.revision).tags  # RevisionNotFound: refused
+            have = set(held["tags"] if held is not None else current)
             tags = sorted((have | set(p.add)) - set(p.remove))
             fact: Any = RevisionTagged(revision=p.revision, tags=tags, requested_by=by)
-            repo.set_tags(t, pol, p.revision, tags, at=cmd.occurred_at)
+            tags_state[key] = {"tags": tags}  # before it is published
         elif isinstance(p, RetireCommand):
+            repo.get_policy(t, pol)  # PolicyNotFound: refused
             fact = PolicyRetirement(retired=p.retired, reason=p.reason, requested_by=by)
-            repo.set_retired(t, pol, retired=p.retired, at=cmd.occurred_at, by=by)
         else:
             raise TypeError(f"{cmd.type!r} is not a registry command")
     except CatalogUnavailable:

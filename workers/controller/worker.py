@@ -117,6 +117,7 @@ def run_controller(
         repo = CatalogRepository(session, settings.keyspace)
         configs = StateTable(session, settings.keyspace, CONFIGS_STATE)
         controller = Controller(configs, StateTable(session, settings.keyspace, LIFECYCLE_STATE))
+        tags_state = StateTable(session, settings.keyspace, registry.TAGS_STATE)
         judge = CanaryJudge(
             repo,
             StateTable(session, settings.keyspace, CANARY_STATE),
@@ -131,7 +132,7 @@ def run_controller(
             if isinstance(p, CanaryCommand):
                 return judge.start(env)
             if isinstance(p, (TagCommand, RetireCommand)):
-                return registry.carry_out(repo, env, producer=PRODUCER)
+                return registry.carry_out(repo, tags_state, env, producer=PRODUCER)
             if isinstance(p, (CanaryStarted, CanaryEnded)):
                 return []  # this controller's own facts, read back
             if isinstance(p, RollbackCommand):
