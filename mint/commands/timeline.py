@@ -28,6 +28,13 @@ STYLE = {
     "rollback asked": ("<", "tab:orange"),
     "rolled back": ("X", "tab:orange"),
     "refused": ("x", "tab:red"),
+    "canary asked": ("v", "tab:cyan"),
+    "canaried": ("h", "tab:cyan"),
+    "canary won": ("*", "tab:green"),
+    "canary ended": ("*", "tab:red"),
+    "tagged": ("d", "tab:brown"),
+    "retired": ("8", "black"),
+    "restored": ("8", "tab:gray"),
 }
 
 
