@@ -10,8 +10,7 @@ import pytest
 from catalog.models import CanaryRoute, Resolved
 from schemas import make_event
 from schemas.events import CanaryEnded, CanaryRule, CanarySide, CanaryStarted
-from workers.controller.canary import verdict
-from workers.controller.canary_view import CanaryView
+from workers.controller.canary_view import CanaryView, verdict
 from workers.serving.resolution import ResolutionCache, canary_bucket, route
 
 D1, D2 = "sha256:" + "11" * 32, "sha256:" + "22" * 32

@@ -50,6 +50,7 @@ from workers.controller.canary_view import (
     CanaryDecision,
     CanaryView,
     canary_key,
+    verdict,
 )
 
 log = structlog.get_logger()
@@ -61,37 +62,6 @@ REVISION_FAILURES = ("load", "generate")  # stages whose failure is the revision
 
 def derived(canary_id: uuid.UUID, what: str) -> uuid.UUID:
     return uuid.uuid5(_NS, f"{canary_id}:{what}")
-
-
-def verdict(view: CanaryView) -> tuple[str, str] | None:
-    """(outcome, reason) once the rule can judge, else None."""
-    r, c, i = view.rule, view.canary, view.incumbent
-    if c.answers < r.min_answers or c.scores < r.min_scores:
-        return None
-    lost = []
-    if c.failure_rate > i.failure_rate + r.max_failure_increase:
-        lost.append(
-            f"failure rate {c.failure_rate:.2%} above the incumbent's {i.failure_rate:.2%} "
-            f"+ {r.max_failure_increase:.2%}"
-        )
-    if (
-        c.mean_score is not None
-        and i.mean_score is not None
-        and c.mean_score < i.mean_score - r.max_score_drop
-    ):
-        lost.append(
-            f"mean feedback {c.mean_score:.3f} below the incumbent's {i.mean_score:.3f} "
-            f"- {r.max_score_drop}"
-        )
-    figures = f"{_figures(c)} against incumbent {_figures(i)}"
-    if lost:
-        return "rolled_back", f"canary lost: {'; '.join(lost)} ({figures})"
-    return "promoted", f"canary won ({figures})"
-
-
-def _figures(s: CanarySide) -> str:
-    score = f", mean score {s.mean_score:.3f} of {s.scores}" if s.scores else ""
-    return f"r{s.revision}: {s.answers} answers, {s.failure_rate:.2%} failed{score}"
 
 
 class CanaryJudge:

@@ -1,6 +1,7 @@
 """What the controller knows of a policy's canary (``worker_state`` name ``controller.canary``,
-key ``tenant/policy``: one canary per policy at a time, on the alias it names): the routing it started, the rule it is judged by, what each side
-was seen to do, and the decision once there is one. ``mint canary status`` reads it live.
+key ``tenant/policy``: one canary per policy at a time, on the alias it names): the routing it
+started, the rule it is judged by, what each side was seen to do, and the decision once there
+is one (``verdict`` applies the rule). ``mint canary status`` reads it live.
 """
 
 from __future__ import annotations
@@ -62,3 +63,34 @@ class CanaryView(BaseModel):
         if revision == self.incumbent_revision:
             return self.incumbent
         return None
+
+
+def verdict(view: CanaryView) -> tuple[str, str] | None:
+    """(outcome, reason) once the rule can judge, else None."""
+    r, c, i = view.rule, view.canary, view.incumbent
+    if c.answers < r.min_answers or c.scores < r.min_scores:
+        return None
+    lost = []
+    if c.failure_rate > i.failure_rate + r.max_failure_increase:
+        lost.append(
+            f"failure rate {c.failure_rate:.2%} above the incumbent's {i.failure_rate:.2%} "
+            f"+ {r.max_failure_increase:.2%}"
+        )
+    if (
+        c.mean_score is not None
+        and i.mean_score is not None
+        and c.mean_score < i.mean_score - r.max_score_drop
+    ):
+        lost.append(
+            f"mean feedback {c.mean_score:.3f} below the incumbent's {i.mean_score:.3f} "
+            f"- {r.max_score_drop}"
+        )
+    figures = f"{_figures(c)} against incumbent {_figures(i)}"
+    if lost:
+        return "rolled_back", f"canary lost: {'; '.join(lost)} ({figures})"
+    return "promoted", f"canary won ({figures})"
+
+
+def _figures(s: CanarySide) -> str:
+    score = f", mean score {s.mean_score:.3f} of {s.scores}" if s.scores else ""
+    return f"r{s.revision}: {s.answers} answers, {s.failure_rate:.2%} failed{score}"
