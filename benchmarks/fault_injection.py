@@ -16,6 +16,14 @@ that was dead-lettered), and the catalog equals a replay of the log. ONE JSON li
     python benchmarks/fault_injection.py --smoke   # one fault of each kind: kafka, cassandra,
                                                    # the trainer (what the tests run)
     python benchmarks/fault_injection.py --faults engine,controller --down-s 5
+    python benchmarks/fault_injection.py --cluster          # three brokers and three Cassandra
+                                                            # nodes: kill -9 one of each, then
+                                                            # a rolling restart of each kind
+    python benchmarks/fault_injection.py --cluster --smoke  # one broker, one node killed
+
+With ``--cluster`` (benchmarks/_fault_cluster.py) the figures gain ``longest_answer_gap_s`` per
+fault: the longest time the steady traffic went without an answer, target at most 5 s (a node
+down is not an outage); one node each it is the outage itself.
 """
 
 from __future__ import annotations
@@ -26,7 +34,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -34,11 +41,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import _fault_cluster  # noqa: E402
+from benchmarks._fault_traffic import POLICY, Traffic, answered, dead_letters, watched  # noqa: E402
+
 SERVICES = ("kafka", "cassandra")
 WORKERS = ("projector", "controller", "trainer", "engine")
 FULL = SERVICES + WORKERS
 SMOKE = ("kafka", "cassandra", "trainer")
-POLICY = "chaos"
 # What must hold after every fault (each figure equals its target).
 TARGETS = {
     "lost": 0,
@@ -49,124 +58,12 @@ TARGETS = {
 }
 
 
-class Traffic(threading.Thread):
-    """Steady inference requests, every ``every_s`` whether or not the broker is up (as an
-    upstream system keeps producing); a send the producer gave up on is sent again, the same
-    event, so its answer dedupes. A request counts as sent once the broker confirmed it."""
-
-    def __init__(self, client, every_s: float = 0.25) -> None:
-        super().__init__(name="traffic", daemon=True)
-        self.client, self.every_s = client, every_s
-        self.sent: dict[str, float] = {}  # request_id -> when the broker confirmed it
-        self.send_retries = 0
-        self.halt = threading.Event()
-        self._lock = threading.Lock()
-        self._inflight: list[tuple[str, object, object]] = []  # (request_id, env, future)
-        self.n = 0
-
-    def send(self, request_id: str, prompt: str) -> None:
-        from schemas import make_event
-        from schemas.events import InferRequested
-
-        env = make_event(
-            InferRequested(request_id=request_id, prompt=prompt, max_tokens=4),
-            tenant=self.client.tenant,
-            policy=POLICY,
-            producer=self.client.name,
-        )
-        self._send(request_id, env)
-
-    def _send(self, request_id: str, env) -> None:
-        from schemas.registry import encode_event
-        from streams.topics import topic_for_type
-
-        topic = topic_for_type(self.client.settings, env.type)
-        future = self.client.producer.send_async(topic, encode_event(env), env.key)
-        with self._lock:
-            self._inflight.append((request_id, env, future))
-
-    def settle(self) -> None:
-        """Note what the broker confirmed; send again what the producer gave up on."""
-        with self._lock:
-            inflight, self._inflight = self._inflight, []
-        for request_id, env, future in inflight:
-            if not future.is_done:
-                with self._lock:
-                    self._inflight.append((request_id, env, future))
-            elif future.succeeded():
-                self.sent.setdefault(request_id, time.monotonic())
-            else:
-                self.send_retries += 1
-                self._send(request_id, env)
-
-    @property
-    def pending(self) -> int:
-        with self._lock:
-            return len(self._inflight)
-
-    def run(self) -> None:
-        from mint.demo import PROMPTS
-
-        while not self.halt.wait(self.every_s):
-            self.send(f"steady-{self.n}", PROMPTS[self.n % len(PROMPTS)])
-            self.n += 1
-            self.settle()
-
-    def finish(self, timeout_s: float = 180.0) -> None:
-        """Stop producing; wait until every request was confirmed."""
-        self.halt.set()
-        self.join(timeout=30)
-        deadline = time.monotonic() + timeout_s
-        while self.pending and time.monotonic() < deadline:
-            self.settle()
-            time.sleep(0.2)
-
-
-def answered(client) -> dict[str, float]:
-    """request_id -> when the SDK first saw its answer (completed or failed)."""
-    out: dict[str, float] = {}
-    for env in client.events(POLICY, ["infer.completed", "infer.failed"]):
-        out.setdefault(env.payload.request_id, time.monotonic())
-    return out
-
-
-def dead_letters(settings) -> int:
-    from kafka import TopicPartition
-
-    from streams.clients import make_consumer
-    from streams.topics import DLQ, topic_for
-
-    topic = topic_for(settings, DLQ)
-    consumer = make_consumer(settings)
-    try:
-        tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
-        return sum(consumer.end_offsets(tps).values()) if tps else 0
-    finally:
-        consumer.close()
-
-
-def watched(workers, wait, timeout_s: float = 600.0):
-    """``wait(timeout_s=…)`` in short slices, checking between them that every worker is alive:
-    a worker that crashed fails the run at once, with its log's end, instead of after the whole
-    timeout with only "no answer"."""
-    from mint.sdk import WaitTimeout
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return wait(timeout_s=min(10.0, max(0.1, deadline - time.monotonic())))
-        except WaitTimeout:
-            workers.check()
-            if time.monotonic() >= deadline:
-                # where each worker stands (stacks and log ends) on the way out
-                print(workers.report(tail_chars=1500), file=sys.stderr, flush=True)
-                raise
-
-
 def inject(fault: str, settings, workers, down_s: float) -> None:
     from mint.dev import launcher
 
-    if fault in SERVICES:
+    if fault in _fault_cluster.CLUSTER_FAULTS:
+        _fault_cluster.inject(fault, settings, down_s)
+    elif fault in SERVICES:
         launcher.kill(settings, fault)
         time.sleep(down_s)
         launcher.up(settings, only=(fault,))
@@ -183,6 +80,7 @@ def run(
     smoke: bool,
     keep: bool,
     secure: bool = False,
+    cluster: bool = False,
 ) -> dict:
     from catalog.claims import write_jsonl
     from catalog.cluster import connect
@@ -212,11 +110,17 @@ def run(
             "models_dir": state / "models",
         }
     )
+    if cluster:
+        ports = {"kafka": 29092, "controller": 29093, "cql": 29042, "storage": 27000}
+        s = _fault_cluster.cluster_settings(s, ports)
     admin = s
     if secure:  # credentials and ACLs on; the SDK runs as `operator`, each worker as itself
         from mint.dev.secure import secure_settings, setup
 
         admin, s = secure_settings(s, "admin"), secure_settings(s, "operator")
+    targets: dict = dict(TARGETS)
+    if cluster:
+        targets["longest_answer_gap_s"] = f"<= {_fault_cluster.GAP_TARGET_S} per fault"
     t0 = time.monotonic()
     out: dict = {
         "benchmark": "fault_injection",
@@ -224,8 +128,9 @@ def run(
         "faults": list(faults),
         "down_s": down_s,
         "secure": secure,
+        "cluster": cluster,
     }
-    workers = client = traffic = None
+    workers = client = traffic = clock = None
     try:
         out["services_ready_s"] = {k: round(v, 1) for k, v in launcher.up(admin).items()}
         if secure:
@@ -254,8 +159,11 @@ def run(
             client.store, TENANT, POLICY, "data", "chaos", rollouts_to_examples(ro.rows)
         )
         updates = 1  # init_policy's
+        clock = _fault_cluster.AnswerClock(client)
+        clock.start()
         traffic = Traffic(client)
         traffic.start()
+        gaps: dict[str, float] = {}
         recovery: dict[str, float] = {}
         breakdown: dict[str, dict[str, float]] = {}
         for i, fault in enumerate(faults):
@@ -296,6 +204,7 @@ def run(
                 ),
             )
             recovery[fault] = round(time.monotonic() - t_kill, 1)
+            gaps[fault] = clock.longest_gap(t_kill, time.monotonic())
             breakdown[fault] = {
                 "update_exported_s": round(exported_s, 1),
                 "probe_answered_s": round(time.monotonic() - t_kill, 1),
@@ -342,13 +251,18 @@ def run(
                     max((got[r] - traffic.sent[r] for r in got if r in traffic.sent), default=0.0),
                     1,
                 ),
-                "targets": TARGETS,
+                "longest_answer_gap_s": gaps,
+                "targets": targets,
             }
         )
         out["met"] = {k: out[k] == v for k, v in TARGETS.items()}
+        if cluster:
+            out["met"]["longest_answer_gap_s"] = max(gaps.values()) <= _fault_cluster.GAP_TARGET_S
     finally:
         if traffic is not None:
             traffic.halt.set()
+        if clock is not None:
+            clock.halt.set()
         if client is not None:
             client.close()
         if workers is not None:
@@ -376,12 +290,23 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="credentials and ACLs on (mint dev up --secure): each worker its principal",
     )
+    ap.add_argument(
+        "--cluster",
+        action="store_true",
+        help="three Kafka brokers and three Cassandra nodes (faults: "
+        + ", ".join(_fault_cluster.CLUSTER_FAULTS)
+        + "; --smoke: the two node kills)",
+    )
     args = ap.parse_args(argv)
-    faults = tuple(args.faults.split(",")) if args.faults else (SMOKE if args.smoke else FULL)
-    unknown = [f for f in faults if f not in FULL]
+    if args.cluster and args.secure:
+        ap.error("--cluster runs without credentials: drop --secure")
+    full = _fault_cluster.CLUSTER_FAULTS if args.cluster else FULL
+    smoke = _fault_cluster.NODE_FAULTS if args.cluster else SMOKE
+    faults = tuple(args.faults.split(",")) if args.faults else (smoke if args.smoke else full)
+    unknown = [f for f in faults if f not in full]
     if unknown:
-        ap.error(f"unknown fault {unknown[0]!r}: choose from {', '.join(FULL)}")
-    out = run(faults, args.down_s, args.steps, args.smoke, args.keep, args.secure)
+        ap.error(f"unknown fault {unknown[0]!r}: choose from {', '.join(full)}")
+    out = run(faults, args.down_s, args.steps, args.smoke, args.keep, args.secure, args.cluster)
     print(json.dumps(out), flush=True)
     met = out.get("met", {})
     return 0 if met and all(met.values()) else 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -83,16 +84,32 @@ def _dev_settings(secure: bool):
     help="Start just this service (repeatable). Default: both.",
 )
 @click.option("--secure", is_flag=True, help=SECURE_HELP)
+@click.option(
+    "--nodes",
+    type=click.IntRange(1, 5),
+    default=None,
+    help="Nodes of each service (default MINT_DEV_NODES, else 1). 3: a local cluster on "
+    "127.0.0.1-3, topics RF 3 with min.insync.replicas 2, keyspaces NetworkTopologyStrategy RF 3.",
+)
 @one_line_errors(RuntimeError)  # the secure setup's broker refusals (streams/acls.py)
-def dev_up(only: tuple[str, ...], secure: bool) -> None:
+def dev_up(only: tuple[str, ...], secure: bool, nodes: int | None) -> None:
     """Start Kafka and Cassandra (idempotent) and wait until both answer.
 
     \b
     With --secure, each principal's settings land in .mint/secure/env/<principal>.env:
       set -a; . .mint/secure/env/operator.env; set +a   # the CLI and SDK as `operator`
+    \b
+    A local cluster (three brokers, three Cassandra nodes, about 6 GB resident):
+      mint dev up --nodes 3
+      export MINT_DEV_NODES=3        # every other command and worker then uses all three
+      mint dev kill kafka-2          # a drill: kill -9 one node ...
+      mint dev start kafka-2         # ... and start it again on its data
     """
     from mint.dev import status, up
 
+    if nodes is not None:
+        os.environ["MINT_DEV_NODES"] = str(nodes)
+        get_settings.cache_clear()
     settings = _dev_settings(secure)
     other = (
         get_settings().model_copy(update={"state_dir": settings.state_dir.parent})
@@ -118,6 +135,35 @@ def dev_up(only: tuple[str, ...], secure: bool) -> None:
     for name, seconds in ready.items():
         console.print(f"{name} ready after {seconds:.1f} s")
     _print_status(settings)
+    if settings.dev_nodes > 1 and os.environ.get("MINT_DEV_NODES") and nodes is not None:
+        console.print(f"other commands and workers: export MINT_DEV_NODES={settings.dev_nodes}")
+
+
+@dev.command("kill")
+@click.argument("node")
+@one_line_errors
+def dev_kill(node: str) -> None:
+    """Kill -9 one node (kafka-2, cassandra-3; kafka or cassandra alone), as a crash would.
+
+    Its data stays; `mint dev start NODE` brings it back. In a local cluster the other two
+    carry on: a drill for "one node down is not an outage"."""
+    from mint.dev.launcher import kill
+
+    pid = kill(get_settings(), node)
+    console.print(f"killed {node} (pid {pid})" if pid else f"{node} was not running")
+
+
+@dev.command("start")
+@click.argument("node")
+@one_line_errors
+def dev_start(node: str) -> None:
+    """Start one node again on its data (after `mint dev kill`) and wait until it answers."""
+    from mint.dev import up
+
+    ready = up(get_settings(), (node,))
+    console.print(
+        f"{node} ready after {ready[node]:.1f} s" if node in ready else f"{node} was running"
+    )
 
 
 @dev.command("down")

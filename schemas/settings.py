@@ -13,12 +13,39 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
+# A local cluster's node i listens on 127.0.0.i (all of 127/8 is this machine's loopback).
+LOCAL_NODES = 5
+
+
+def node_host(i: int) -> str:
+    return f"127.0.0.{i}"
+
+
+def cluster_defaults(nodes: int, kafka_port: int = 19092, cql_port: int = 19042) -> dict:
+    """What MINT_DEV_NODES=N implies for the settings the user did not set: every node as a
+    contact point, replication 3 (or N when smaller), two in-sync replicas of three, and
+    NetworkTopologyStrategy in the one datacenter the local cluster has."""
+    rf = min(3, nodes)
+    hosts = [node_host(i) for i in range(1, nodes + 1)]
+    return {
+        "kafka_bootstrap": ",".join(f"{h}:{kafka_port}" for h in hosts),
+        "cassandra_hosts": ",".join(hosts),
+        "topic_replication": rf,
+        "topic_min_insync": max(1, rf - 1),
+        "keyspace_replication": f"{{'class': 'NetworkTopologyStrategy', 'datacenter1': {rf}}}",
+    }
+
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 _MODULE_RE = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+
+
+def _loopback(host: str) -> bool:
+    return host in LOOPBACK or host.startswith("127.")
 
 
 def mint_home() -> Path:
@@ -52,6 +79,9 @@ class MintSettings(BaseSettings):
     topic_prefix: str = Field("mint", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     topic_partitions: int = Field(3, ge=1, le=1024)
     topic_replication: int = Field(1, ge=1, le=7)
+    # min.insync.replicas of every topic: with producers' acks=all, a write is confirmed once
+    # this many replicas hold it (2 of 3: one broker down loses nothing and stops nothing).
+    topic_min_insync: int = Field(1, ge=1, le=7)
 
     kafka_external: bool | None = Field(None, description="None: external unless on loopback")
     # Credentials come from here or from files (MINT_KAFKA_PASSWORD_FILE, mounted secrets),
@@ -94,6 +124,9 @@ class MintSettings(BaseSettings):
     kafka_heap_mb: int = Field(512, ge=128, le=512)
     cassandra_heap_mb: int = Field(1024, ge=512, le=1024)
     startup_timeout_s: float = Field(120.0, gt=0)
+    # MINT_DEV_NODES=3: the local launcher runs three Kafka brokers and three Cassandra nodes on
+    # 127.0.0.1-3, and the cluster settings below default to them (cluster_defaults).
+    dev_nodes: int = Field(1, ge=1, le=LOCAL_NODES)
 
     metrics_port: int | None = Field(
         None, ge=1, le=65535, description="serve Prometheus metrics of this process on the port"
@@ -107,6 +140,23 @@ class MintSettings(BaseSettings):
     plugin_modules: Annotated[tuple[str, ...], NoDecode] = Field(
         (), description="module prefixes a module:function reward or suite may be imported from"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cluster_defaults(cls, data: object) -> object:
+        if not isinstance(data, dict) or int(data.get("dev_nodes") or 1) <= 1:
+            return data
+        return {**cluster_defaults(int(data["dev_nodes"])), **data}
+
+    @model_validator(mode="after")
+    def _insync_within_replication(self) -> MintSettings:
+        if self.topic_min_insync > self.topic_replication:
+            raise ValueError(
+                f"MINT_TOPIC_MIN_INSYNC={self.topic_min_insync} exceeds MINT_TOPIC_REPLICATION="
+                f"{self.topic_replication}: no write could ever be confirmed; set it at most "
+                "the replication factor (2 of 3 is the usual choice)"
+            )
+        return self
 
     @field_validator("kafka_bootstrap")
     @classmethod
@@ -145,13 +195,13 @@ class MintSettings(BaseSettings):
         if self.kafka_external is not None:
             return self.kafka_external
         hosts = [part.strip().rpartition(":")[0] for part in self.kafka_bootstrap.split(",")]
-        return not all(h in LOOPBACK for h in hosts)
+        return not all(_loopback(h) for h in hosts)
 
     @property
     def cassandra_is_external(self) -> bool:
         if self.cassandra_external is not None:
             return self.cassandra_external
-        return not all(h in LOOPBACK for h in self.cassandra_contact_points)
+        return not all(_loopback(h) for h in self.cassandra_contact_points)
 
     @property
     def kafka_secure(self) -> bool:

@@ -172,7 +172,7 @@ def _create(settings: MintSettings, specs: dict[str, TopicSpec], timeout_ms: int
         name: {
             "num_partitions": settings.topic_partitions,
             "replication_factor": settings.topic_replication,
-            "configs": s.configs(),
+            "configs": {"min.insync.replicas": str(settings.topic_min_insync), **s.configs()},
         }
         for name, s in specs.items()
     }

@@ -1,15 +1,16 @@
-"""Local Kafka (KRaft, one node) and Cassandra (one node) as plain JVM processes.
+"""Local Kafka (KRaft) and Cassandra as plain JVM processes: one node each (``mint dev up``), or
+a local cluster of three of each on 127.0.0.1-3 (``MINT_DEV_NODES=3`` / ``mint dev up --nodes 3``).
 
-Data, logs and pid files live under ``settings.state_dir``. ``up`` is idempotent and waits for
-readiness; ``down`` stops only processes whose pid file this launcher wrote (and whose command line
-still names our state folder, so a recycled pid is never signalled).
+Data, logs and pid files live under ``settings.state_dir`` (a cluster's under ``cluster/``).
+``up`` is idempotent and waits for readiness; ``down`` stops only processes whose pid file this
+launcher wrote (and whose command line still names their state folder, so a recycled pid is
+never signalled); ``kill`` and ``up(only=(node,))`` are the drills of ``mint dev kill|start``.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -19,32 +20,47 @@ from pathlib import Path
 
 import structlog
 
-from schemas.exceptions import MintError
-from schemas.settings import PROJECT_ROOT, MintSettings
+from mint.dev.jvm import LauncherError, cassandra_command, java_binary, kafka_command
+from schemas.settings import LOCAL_NODES, MintSettings, node_host
 
 log = structlog.get_logger()
+KINDS = ("kafka", "cassandra")
 
-# The services' config templates ship inside the package (an installed wheel has them too).
-SERVICE_CONFIGS = Path(__file__).resolve().parent / "services"
-# The jars vendored beside a checkout (../shared/vendor/jvm); an installed MinT has none there
-# and uses MINT_KAFKA_JARS / MINT_CASSANDRA_JARS or a Maven-fetched copy under MINT_HOME.
-VENDORED_JVM = PROJECT_ROOT.parent / "shared" / "vendor" / "jvm"
-
-
-class LauncherError(MintError, RuntimeError):
-    """A local service could not be prepared, started or stopped; the message says what to do."""
+__all__ = [
+    "LauncherError",
+    "Service",
+    "ServiceStatus",
+    "down",
+    "kill",
+    "services",
+    "status",
+    "stop",
+    "up",
+]
 
 
 @dataclass(frozen=True)
 class Service:
-    name: str  # "kafka" | "cassandra"
+    """One managed JVM: a Kafka broker or a Cassandra node."""
+
+    name: str  # "kafka" | "cassandra" alone; "kafka-2" | "cassandra-3" in a local cluster
+    kind: str  # "kafka" | "cassandra"
+    node: int  # 1..N: its node id, and its address 127.0.0.<node>
     port: int
-    home: Path  # state folder of this service
+    home: Path  # state folder of this node
     log_file: Path
 
     @property
+    def host(self) -> str:
+        return node_host(self.node)
+
+    @property
+    def node_of_cluster(self) -> bool:
+        return self.name != self.kind
+
+    @property
     def pid_file(self) -> Path:
-        return self.home / f"{self.name}.pid"
+        return self.home / f"{self.kind}.pid"
 
 
 @dataclass(frozen=True)
@@ -57,20 +73,34 @@ class ServiceStatus:
     rss_mb: float | None
 
 
-def services(settings: MintSettings) -> dict[str, Service]:
+def services(settings: MintSettings, nodes: int | None = None) -> dict[str, Service]:
+    """The managed services by name, Kafka's first: ``nodes`` (default MINT_DEV_NODES) of each."""
+    nodes = nodes or settings.dev_nodes
     state = settings.state_dir
-    kafka_port = int(settings.kafka_bootstrap.split(",")[0].rpartition(":")[2])
-    return {
-        "kafka": Service(
-            "kafka", kafka_port, state / "kafka", state / "kafka" / "logs" / "server.log"
-        ),
-        "cassandra": Service(
-            "cassandra",
-            settings.cassandra_port,
-            state / "cassandra",
-            state / "cassandra" / "logs" / "system.log",
-        ),
+    ports = {
+        "kafka": int(settings.kafka_bootstrap.split(",")[0].rpartition(":")[2]),
+        "cassandra": settings.cassandra_port,
     }
+    logs = {"kafka": "server.log", "cassandra": "system.log"}
+    out = {}
+    for kind in KINDS:
+        for i in range(1, nodes + 1):
+            name = kind if nodes == 1 else f"{kind}-{i}"
+            home = state / kind if nodes == 1 else state / "cluster" / name
+            out[name] = Service(name, kind, i, ports[kind], home, home / "logs" / logs[kind])
+    return out
+
+
+def _named(settings: MintSettings, only: tuple[str, ...]) -> list[Service]:
+    """The services ``only`` names: kinds (every node of it) or node names (``kafka-2``)."""
+    svcs = services(settings)
+    unknown = [n for n in only if n not in KINDS and n not in svcs]
+    if unknown:
+        raise LauncherError(
+            f"no service named {', '.join(unknown)}: choose from {', '.join((*KINDS, *svcs))}"
+            + ("" if settings.dev_nodes > 1 else " (a cluster's nodes need MINT_DEV_NODES=3)")
+        )
+    return [s for s in svcs.values() if s.kind in only or s.name in only]
 
 
 # ---------------------------------------------------------------- processes and ports
@@ -98,7 +128,7 @@ def _is_ours(pid: int, svc: Service) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return False
-    return str(svc.home) in cmdline
+    return f"{svc.home}/" in cmdline or cmdline.rstrip().endswith(str(svc.home))
 
 
 def _rss_mb(pid: int) -> float | None:
@@ -110,297 +140,163 @@ def _rss_mb(pid: int) -> float | None:
     return int(m.group(1)) / 1024 if m else None
 
 
-# ---------------------------------------------------------------- jars and java
-
-
-def _java() -> str:
-    java_home = os.environ.get("JAVA_HOME")
-    java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
-    if not java or not Path(java).exists():
-        raise LauncherError(
-            "Java 17 is required: install a JDK 17 and put `java` on PATH or set JAVA_HOME"
-        )
-    out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
-    m = re.search(r'version "(\d+)', out)
-    if not m or int(m.group(1)) < 17:
-        raise LauncherError(f"Java 17 or newer is required, found: {out.strip().splitlines()[0]!r}")
-    return java
-
-
-def resolve_jars(name: str, settings: MintSettings) -> Path:
-    """The jar folder for ``name``: the setting, the vendored copy, a cached Maven copy, or Maven."""
-    configured = settings.kafka_jars if name == "kafka" else settings.cassandra_jars
-    if configured is not None:
-        if not any(Path(configured).glob("*.jar")):
-            raise LauncherError(f"MINT_{name.upper()}_JARS={configured} holds no .jar files")
-        return Path(configured)
-    for candidate in (VENDORED_JVM / name, settings.state_dir / "jars" / name):
-        if any(candidate.glob("*.jar")):
-            return candidate
-    return _maven_fetch(name, settings.state_dir / "jars" / name)
-
-
-def _maven_fetch(name: str, dest: Path) -> Path:
-    mvn = shutil.which("mvn")
-    pom = SERVICE_CONFIGS / f"{name}-pom.xml"
-    if not mvn:
-        raise LauncherError(
-            f"no {name} jars found: set MINT_{name.upper()}_JARS to a folder of jars, "
-            f"or install Maven so that `mvn -f {pom} dependency:copy-dependencies` can fetch them"
-        )
-    log.info("fetching jars with maven", service=name, dest=str(dest))
-    cmd = [
-        mvn,
-        "-q",
-        "-f",
-        str(pom),
-        "dependency:copy-dependencies",
-        "-DincludeScope=runtime",
-        f"-DoutputDirectory={dest}",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        shutil.rmtree(dest, ignore_errors=True)
-        raise LauncherError(
-            f"maven could not fetch {name} jars (is Maven Central reachable?):\n{proc.stdout[-2000:]}"
-        )
-    return dest
-
-
-# ---------------------------------------------------------------- config rendering
-
-
-def _render(template: str, dest: Path, values: dict[str, str]) -> None:
-    text = (SERVICE_CONFIGS / template).read_text()
-    for key, value in values.items():
-        text = text.replace(f"@{key}@", value)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(text)
-
-
-def _kafka_command(settings: MintSettings, svc: Service, java: str) -> list[str]:
-    jars = resolve_jars("kafka", settings)
-    props = svc.home / "server.properties"
-    values = {
-        "STATE": str(svc.home),
-        "KAFKA_PORT": str(svc.port),
-        "CONTROLLER_PORT": str(settings.kafka_controller_port),
-    }
-    scram: list[str] = []
-    if settings.kafka_secure:
-        from mint.dev.secure import ensure_secrets, scram_format_args
-
-        values["ADMIN_PASSWORD"] = ensure_secrets(settings.state_dir)["kafka-admin"]
-        scram = scram_format_args(settings.state_dir)
-    _render(
-        "server-secure.properties.in" if settings.kafka_secure else "server.properties.in",
-        props,
-        values,
-    )
-    if settings.kafka_secure:
-        os.chmod(props, 0o600)  # it holds the broker's own password
-    common = [
-        "-cp",
-        f"{jars}/*",
-        f"-Dlog4j2.configurationFile={SERVICE_CONFIGS / 'log4j2.xml'}",
-        f"-Dkafka.logs.dir={svc.log_file.parent}",
-    ]
-    if not (svc.home / "kafka-data" / "meta.properties").exists():
-        cluster_id = (
-            subprocess.run(
-                [java, "-cp", f"{jars}/*", "kafka.tools.StorageTool", "random-uuid"],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            .stdout.strip()
-            .splitlines()[-1]
-        )
-        fmt = subprocess.run(
-            [
-                java,
-                *common,
-                "kafka.tools.StorageTool",
-                "format",
-                "--standalone",
-                "-t",
-                cluster_id,
-                "-c",
-                str(props),
-                *scram,
-            ],
-            capture_output=True,
-            text=True,
-        )
-        if fmt.returncode != 0:
-            raise LauncherError(f"kafka storage format failed:\n{fmt.stdout}{fmt.stderr}")
-    heap = f"{settings.kafka_heap_mb}m"
-    return [java, f"-Xms{heap}", f"-Xmx{heap}", *common, "kafka.Kafka", str(props)]
-
-
-def _cassandra_command(settings: MintSettings, svc: Service, java: str) -> list[str]:
-    jars = resolve_jars("cassandra", settings)
-    yaml_path = svc.home / "cassandra.yaml"
-    _render(
-        "cassandra.yaml.in",
-        yaml_path,
-        {
-            # The template's paths are @STATE@/cassandra/...; our service home already ends in cassandra.
-            "STATE": str(svc.home.parent),
-            "CQL_PORT": str(svc.port),
-            "STORAGE_PORT": str(settings.cassandra_storage_port),
-        },
-    )
-    if settings.cassandra_username:  # the secure pair (mint.dev.secure): logins and permissions
-        with yaml_path.open("a") as f:
-            f.write(
-                "\nauthenticator:\n  class_name: PasswordAuthenticator\n"
-                "authorizer:\n  class_name: CassandraAuthorizer\n"
-                "role_manager:\n  class_name: CassandraRoleManager\n"
-            )
-    jvm_opts = (SERVICE_CONFIGS / "jvm17.options").read_text().split()
-    jamm = sorted(jars.glob("jamm-*.jar"))
-    heap = f"{settings.cassandra_heap_mb}m"
-    return [
-        java,
-        f"-Xms{heap}",
-        f"-Xmx{heap}",
-        "-XX:+UseG1GC",
-        *jvm_opts,
-        *([f"-javaagent:{jamm[0]}"] if jamm else []),
-        f"-Dcassandra.config=file://{yaml_path}",
-        "-Dcassandra-foreground=yes",
-        f"-Dcassandra.storagedir={svc.home}",
-        f"-Dcassandra.logdir={svc.log_file.parent}",
-        f"-Dlogback.configurationFile={SERVICE_CONFIGS / 'logback.xml'}",
-        "-cp",
-        f"{jars}/*",
-        "org.apache.cassandra.service.CassandraDaemon",
-    ]
-
-
 # ---------------------------------------------------------------- verbs
 
 
-def _external(settings: MintSettings, name: str) -> bool:
-    return settings.kafka_is_external if name == "kafka" else settings.cassandra_is_external
+def _external(settings: MintSettings, kind: str) -> bool:
+    return settings.kafka_is_external if kind == "kafka" else settings.cassandra_is_external
 
 
-def up(settings: MintSettings, only: tuple[str, ...] = ("kafka", "cassandra")) -> dict[str, float]:
-    """Start what is not running, wait until every service answers; returns seconds to ready."""
-    svcs = services(settings)
+def up(settings: MintSettings, only: tuple[str, ...] = KINDS) -> dict[str, float]:
+    """Start what is not running, wait until every service answers; returns seconds to ready.
+
+    ``only``: kinds or node names. A cluster's brokers start together (their quorum needs a
+    majority); its Cassandra nodes start after the first one answers, so that a fresh cluster
+    forms around one node rather than three clusters forming at once."""
+    if settings.dev_nodes > 1 and settings.kafka_secure:
+        raise LauncherError("the secure pair runs one node of each: unset MINT_DEV_NODES")
+    chosen = [s for s in _named(settings, only) if not _external(settings, s.kind)]
     started: dict[str, subprocess.Popen] = {}
-    java = None
     t0 = time.monotonic()
-    for name in only:
-        svc = svcs[name]
-        if _external(settings, name):
-            continue
-        if _read_pid(svc) is not None or port_open("127.0.0.1", svc.port):
-            continue  # idempotent: ours already running, or something already answers there
-        java = java or _java()
-        svc.log_file.parent.mkdir(parents=True, exist_ok=True)
-        cmd = (_kafka_command if name == "kafka" else _cassandra_command)(settings, svc, java)
-        with open(svc.home / f"{name}.out", "ab") as out:
-            proc = subprocess.Popen(
-                cmd,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        svc.pid_file.write_text(str(proc.pid))
-        started[name] = proc
-        log.info("service starting", service=name, pid=proc.pid, port=svc.port)
+    deadline = t0 + settings.startup_timeout_s * max(1, settings.dev_nodes / 2)
+    first_cassandra = [s for s in chosen if s.kind == "cassandra"][:1]
+    fresh = first_cassandra and not (first_cassandra[0].home / "data").exists()
+    for svc in chosen:
+        _start(settings, svc, started)
+        if fresh and svc in first_cassandra and settings.dev_nodes > 1:
+            _wait(svc, started, deadline, settings)
     ready: dict[str, float] = {}
-    for name in only:
-        svc = svcs[name]
-        host = "127.0.0.1"
-        if _external(settings, name):
-            continue
-        deadline = t0 + settings.startup_timeout_s
-        while not port_open(host, svc.port):
-            # Our own child: poll it rather than /proc, whose cmdline can read empty while the
-            # JVM launcher re-execs itself.
-            if name in started and started[name].poll() is not None:
-                raise LauncherError(_failure(svc, "exited during start"))
-            if time.monotonic() > deadline:
-                raise LauncherError(
-                    _failure(svc, f"did not answer within {settings.startup_timeout_s:.0f} s")
-                )
-            time.sleep(0.25)
-        if name in started:
-            ready[name] = time.monotonic() - t0
-            log.info("service ready", service=name, port=svc.port, seconds=round(ready[name], 1))
+    for svc in chosen:
+        _wait(svc, started, deadline, settings)
+        if svc.name in started:
+            ready[svc.name] = time.monotonic() - t0
+            log.info("service ready", service=svc.name, seconds=round(ready[svc.name], 1))
     return ready
+
+
+def _start(settings: MintSettings, svc: Service, started: dict[str, subprocess.Popen]) -> None:
+    if _read_pid(svc) is not None or port_open(svc.host, svc.port):
+        return  # idempotent: ours already running, or something already answers there
+    command = kafka_command if svc.kind == "kafka" else cassandra_command
+    cmd = command(settings, svc, java_binary())
+    svc.log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(svc.home / f"{svc.kind}.out", "ab") as out:
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    svc.pid_file.write_text(str(proc.pid))
+    started[svc.name] = proc
+    log.info("service starting", service=svc.name, pid=proc.pid, address=f"{svc.host}:{svc.port}")
+
+
+def _wait(
+    svc: Service, started: dict[str, subprocess.Popen], deadline: float, settings: MintSettings
+) -> None:
+    while not port_open(svc.host, svc.port):
+        # Our own child: poll it rather than /proc, whose cmdline can read empty while the
+        # JVM launcher re-execs itself.
+        if svc.name in started and started[svc.name].poll() is not None:
+            raise LauncherError(_failure(svc, "exited during start"))
+        if time.monotonic() > deadline:
+            raise LauncherError(
+                _failure(svc, f"did not answer within {settings.startup_timeout_s:.0f} s")
+            )
+        time.sleep(0.25)
 
 
 def _failure(svc: Service, what: str) -> str:
     tail = ""
-    for path in (svc.home / f"{svc.name}.out", svc.log_file):
+    out_file = svc.home / f"{svc.kind}.out"
+    for path in (out_file, svc.log_file):
         if path.exists():
             tail = "\n".join(path.read_text(errors="replace").splitlines()[-15:])
             if tail:
                 break
     return (
-        f"{svc.name} {what} (port {svc.port}); read {svc.log_file} and "
-        f"{svc.home / (svc.name + '.out')}. Last lines:\n{tail}"
+        f"{svc.name} {what} ({svc.host}:{svc.port}); read {svc.log_file} and {out_file}. "
+        f"Last lines:\n{tail}"
     )
 
 
 def kill(settings: MintSettings, name: str, timeout_s: float = 30.0) -> int | None:
-    """SIGKILL one managed service, as a crash would (chaos runs: benchmarks/fault_injection.py),
-    and wait until its port is closed; ``up`` starts it again on the same data. Returns its pid
-    (None: it was not running under this launcher)."""
-    svc = services(settings)[name]
+    """SIGKILL one managed service or node, as a crash would (chaos runs and drills:
+    benchmarks/fault_injection.py, ``mint dev kill``), and wait until its port is closed; ``up``
+    starts it again on the same data. Returns its pid (None: it was not running here)."""
+    svc = _one(settings, name)
     pid = _read_pid(svc)
     if pid is None:
         return None
     os.killpg(pid, signal.SIGKILL)
     deadline = time.monotonic() + timeout_s
-    while port_open("127.0.0.1", svc.port) and time.monotonic() < deadline:
+    while port_open(svc.host, svc.port) and time.monotonic() < deadline:
         time.sleep(0.1)
     svc.pid_file.unlink(missing_ok=True)
     log.warning("service killed", service=name, pid=pid)
     return pid
 
 
+def _one(settings: MintSettings, name: str) -> Service:
+    svcs = services(settings)
+    if name not in svcs:
+        raise LauncherError(f"no node named {name!r}: choose from {', '.join(svcs)}")
+    return svcs[name]
+
+
 def down(settings: MintSettings, timeout_s: float = 60.0) -> list[str]:
-    """Stop the services this launcher started (SIGTERM, then SIGKILL after ``timeout_s``)."""
-    stopped = []
-    for svc in services(settings).values():
-        pid = _read_pid(svc)
-        if pid is None:
+    """Stop every service this launcher started under the state folder, one node or a
+    cluster's (whatever MINT_DEV_NODES says now): SIGTERM, then SIGKILL after ``timeout_s``."""
+    known = {**services(settings, 1), **services(settings, LOCAL_NODES)}
+    return [svc.name for svc in known.values() if _stop(svc, timeout_s)]
+
+
+def stop(settings: MintSettings, name: str, timeout_s: float = 60.0) -> bool:
+    """Stop one node cleanly (SIGTERM: a broker hands its leaderships over first), as a
+    rolling restart does; False when it was not running here."""
+    return _stop(_one(settings, name), timeout_s)
+
+
+def _stop(svc: Service, timeout_s: float) -> bool:
+    pid = _read_pid(svc)
+    if pid is None:
+        if svc.home.exists():
             svc.pid_file.unlink(missing_ok=True)
-            continue
-        os.killpg(pid, signal.SIGTERM)  # the JVM leads its own session (start_new_session)
-        deadline = time.monotonic() + timeout_s
-        while _is_ours(pid, svc) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if _is_ours(pid, svc):
-            log.warning("service ignored SIGTERM, killing", service=svc.name, pid=pid)
-            os.killpg(pid, signal.SIGKILL)
-        svc.pid_file.unlink(missing_ok=True)
-        stopped.append(svc.name)
-        log.info("service stopped", service=svc.name, pid=pid)
-    return stopped
+        return False
+    os.killpg(pid, signal.SIGTERM)  # the JVM leads its own session (start_new_session)
+    deadline = time.monotonic() + timeout_s
+    while _is_ours(pid, svc) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if _is_ours(pid, svc):
+        log.warning("service ignored SIGTERM, killing", service=svc.name, pid=pid)
+        os.killpg(pid, signal.SIGKILL)
+    svc.pid_file.unlink(missing_ok=True)
+    log.info("service stopped", service=svc.name, pid=pid)
+    return True
 
 
 def status(settings: MintSettings) -> list[ServiceStatus]:
+    """Each managed node, or each external cluster's first contact point."""
     result = []
     kafka_host, _, kafka_port = settings.kafka_bootstrap.split(",")[0].rpartition(":")
-    addresses = {
+    external_at = {
         "kafka": (kafka_host, int(kafka_port)),
         "cassandra": (settings.cassandra_contact_points[0], settings.cassandra_port),
     }
-    for name, svc in services(settings).items():
-        host, port = addresses[name]
-        external = _external(settings, name)
-        pid = None if external else _read_pid(svc)
+    for svc in services(settings).values():
+        if _external(settings, svc.kind):
+            if svc.node > 1:
+                continue
+            host, port = external_at[svc.kind]
+            pid = None
+        else:
+            host, port, pid = svc.host, svc.port, _read_pid(svc)
         result.append(
             ServiceStatus(
-                name=name,
-                mode="external" if external else "managed",
+                name=svc.kind if _external(settings, svc.kind) else svc.name,
+                mode="external" if _external(settings, svc.kind) else "managed",
                 address=f"{host}:{port}",
                 answering=port_open(host, port, timeout=2.0),
                 pid=pid,
