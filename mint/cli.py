@@ -135,7 +135,7 @@ def dev_up(only: tuple[str, ...], secure: bool, nodes: int | None) -> None:
     for name, seconds in ready.items():
         console.print(f"{name} ready after {seconds:.1f} s")
     _print_status(settings)
-    if settings.dev_nodes > 1 and os.environ.get("MINT_DEV_NODES") and nodes is not None:
+    if nodes and nodes > 1:
         console.print(f"other commands and workers: export MINT_DEV_NODES={settings.dev_nodes}")
 
 

@@ -155,6 +155,14 @@ def up(settings: MintSettings, only: tuple[str, ...] = KINDS) -> dict[str, float
     forms around one node rather than three clusters forming at once."""
     if settings.dev_nodes > 1 and settings.kafka_secure:
         raise LauncherError("the secure pair runs one node of each: unset MINT_DEV_NODES")
+    other = services(settings, 1 if settings.dev_nodes > 1 else LOCAL_NODES)
+    running = [svc.name for svc in other.values() if _read_pid(svc) is not None]
+    if running:  # the same ports on 127.0.0.1: the other layout would answer in this one's place
+        raise LauncherError(
+            f"{', '.join(running)} already run{'s' if len(running) == 1 else ''} under "
+            f"{settings.state_dir} with MINT_DEV_NODES="
+            f"{'1' if settings.dev_nodes > 1 else 'N'}: stop them first with `mint dev down`"
+        )
     chosen = [s for s in _named(settings, only) if not _external(settings, s.kind)]
     started: dict[str, subprocess.Popen] = {}
     t0 = time.monotonic()

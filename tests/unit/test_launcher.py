@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -144,3 +146,16 @@ def _fake_storage_tool(cmd, **kwargs):
 
     out = "00000000-0000-0000-0000-000000000000\n" if "random-uuid" in cmd else ""
     return subprocess.CompletedProcess(cmd, 0, stdout=out, stderr="")
+
+
+def test_a_cluster_does_not_start_over_a_running_single_pair(tmp_path) -> None:
+    single = launcher.services(MintSettings(state_dir=tmp_path))["kafka"]
+    single.home.mkdir(parents=True)
+    # a live process whose command line names the single pair's folder
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", str(single.home)])
+    try:
+        single.pid_file.write_text(str(proc.pid))
+        with pytest.raises(launcher.LauncherError, match="stop them first with `mint dev down`"):
+            launcher.up(MintSettings(state_dir=tmp_path, dev_nodes=3))
+    finally:
+        proc.kill()
