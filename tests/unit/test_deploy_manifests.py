@@ -1,5 +1,10 @@
 """docker-compose and Kubernetes manifests cannot run here; check they agree with the Python config.
 
+Three Kafka brokers and three Cassandra nodes by default, with the local cluster's settings
+(``MINT_DEV_NODES=3``: ``schemas.settings.cluster_defaults``, mint/dev/services/): every MinT
+container names all six, topics have replication 3 and min.insync.replicas 2, the keyspace
+NetworkTopologyStrategy RF 3 in the nodes' one datacenter.
+
 Credentials are on by default: every MinT container talks SASL/SCRAM to Kafka, each runs as the
 principal (and Cassandra role) of its worker kind and holds that principal's password files only;
 the broker and Cassandra start with authentication and authorization on. The shell pieces (the
@@ -9,6 +14,8 @@ stand-ins for the images' programs.
 
 from __future__ import annotations
 
+import ast
+import itertools
 import json
 import os
 import re
@@ -25,7 +32,7 @@ import yaml
 from catalog.roles import ADMIN_ROLE, ROLES
 from mint.cli import main as mint_cli
 from mint.security import PRINCIPAL_OF, ensure_secrets
-from schemas.settings import MintSettings
+from schemas.settings import MintSettings, cluster_defaults
 from streams.acls import ADMIN, ALL_PRINCIPALS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,17 +45,36 @@ CREDENTIAL_KEYS = {
     "MINT_CASSANDRA_PASSWORD_FILE",
 }
 SECRET_NAME = "mint-credentials"  # the k8s Secret `kubectl create secret generic` makes
-# broker settings that must equal `mint dev up --secure`'s (mint/dev/services/)
+# broker settings that must equal `mint dev up --secure`'s (mint/dev/services/). Not the
+# controller listener's: the one-node set-up keeps it on loopback (PLAINTEXT, ANONYMOUS a super
+# user), a cluster's voters reach each other over the network and log in as admin.
 BROKER_SECURITY_KEYS = (
     "controller.listener.names",
     "inter.broker.listener.name",
-    "listener.security.protocol.map",
     "sasl.enabled.mechanisms",
     "sasl.mechanism.inter.broker.protocol",
     "authorizer.class.name",
     "allow.everyone.if.no.acl.found",
-    "super.users",
 )
+# broker settings that must equal the local cluster's (mint/dev/services/server.properties.in
+# rendered for three nodes, and what mint/dev/jvm.py appends for a cluster)
+BROKER_CLUSTER_KEYS = (
+    "process.roles",
+    "num.partitions",
+    "default.replication.factor",
+    "min.insync.replicas",
+    "offsets.topic.replication.factor",
+    "transaction.state.log.replication.factor",
+    "transaction.state.log.min.isr",
+    "share.coordinator.state.topic.replication.factor",
+    "share.coordinator.state.topic.min.isr",
+    "group.initial.rebalance.delay.ms",
+    "auto.create.topics.enable",
+    "broker.heartbeat.interval.ms",
+    "broker.session.timeout.ms",
+)
+NODES = 3  # brokers and Cassandra nodes by default
+CLUSTER = cluster_defaults(NODES)  # the settings MINT_DEV_NODES=3 implies
 
 
 def _settings_from(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> MintSettings:
@@ -172,7 +198,17 @@ def _containers(pod: dict) -> list[dict]:
 
 
 def _env(container: dict) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in container.get("env", [])}
+    """A container's literal variables (one read from the pod's fields has no value here)."""
+    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+
+
+def _env_from_fields(container: dict) -> dict[str, str]:
+    """A container's variables read from the pod (the downward API): name -> field path."""
+    return {
+        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+        for e in container.get("env", [])
+        if "fieldRef" in e.get("valueFrom", {})
+    }
 
 
 def _mint_containers(k8s: list[dict]) -> list[tuple[str, dict, dict]]:
@@ -195,6 +231,30 @@ def _properties(text: str) -> dict[str, str]:
     )
 
 
+def _kafka_services(compose: dict) -> dict[str, dict]:
+    return {n: s for n, s in compose["services"].items() if re.fullmatch(r"kafka-\d+", n)}
+
+
+def _cassandra_services(compose: dict) -> dict[str, dict]:
+    return {n: s for n, s in compose["services"].items() if re.fullmatch(r"cassandra-\d+", n)}
+
+
+def _statefulset(k8s: list[dict], name: str) -> dict:
+    (found,) = [d for d in k8s if d["kind"] == "StatefulSet" and d["metadata"]["name"] == name]
+    return found
+
+
+def _pod_names(k8s: list[dict], name: str) -> list[str]:
+    """The stable DNS names of a StatefulSet's pods: <pod>.<headless service>."""
+    sts = _statefulset(k8s, name)
+    service = sts["spec"]["serviceName"]
+    return [f"{name}-{i}.{service}" for i in range(sts["spec"]["replicas"])]
+
+
+def _hosts(bootstrap: str) -> list[str]:
+    return [part.strip().rpartition(":")[0] for part in bootstrap.split(",")]
+
+
 # -- settings and commands --------------------------------------------------------------------
 
 
@@ -208,14 +268,15 @@ def test_compose_env_is_valid_mint_settings(compose, monkeypatch) -> None:
     env = compose["x-mint-env"]
     assert set(env) <= _known_env_keys(), set(env) - _known_env_keys()
     s = _settings_from(env, monkeypatch)
-    host, _, port = s.kafka_bootstrap.rpartition(":")
-    kafka = compose["services"]["kafka"]
-    assert host in compose["services"], "bootstrap host must be the kafka service name"
-    assert f"listeners=SASL_PLAINTEXT://:{port}," in KAFKA_SCRIPT.read_text()
-    assert kafka["environment"]["KAFKA_ADVERTISED_LISTENERS"] == (
-        f"{s.kafka_security_protocol}://{s.kafka_bootstrap}"
-    )
-    assert s.cassandra_contact_points == ["cassandra"] and "cassandra" in compose["services"]
+    brokers = _kafka_services(compose)
+    entries = s.kafka_bootstrap.split(",")
+    assert _hosts(s.kafka_bootstrap) == sorted(brokers), "bootstrap: every kafka service by name"
+    for entry in entries:  # each broker advertises the name and port clients bootstrap with
+        port = entry.rpartition(":")[2]
+        assert f"listeners=SASL_PLAINTEXT://:{port}," in KAFKA_SCRIPT.read_text()
+        advertised = brokers[entry.rpartition(":")[0]]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+        assert advertised == f"{s.kafka_security_protocol}://{entry}"
+    assert s.cassandra_contact_points == sorted(_cassandra_services(compose))
     assert s.cassandra_port == 9042  # the cassandra image's native transport port
     assert s.kafka_is_external and s.cassandra_is_external, "containers must never start local JVMs"
 
@@ -238,16 +299,22 @@ def test_k8s_configmap_matches_compose(compose, k8s, monkeypatch) -> None:
     cm = _configmap(k8s, "mint-settings")
     data = cm["data"]
     assert set(data) <= _known_env_keys(), set(data) - _known_env_keys()
-    shared = set(data) & set(compose["x-mint-env"])
+    # the same settings but the hosts: compose services there, StatefulSet pods here
+    hosts = {"MINT_KAFKA_BOOTSTRAP", "MINT_CASSANDRA_HOSTS"}
+    shared = set(data) & set(compose["x-mint-env"]) - hosts
     assert {k: data[k] for k in shared} == {k: compose["x-mint-env"][k] for k in shared}
-    assert "MINT_KAFKA_SECURITY_PROTOCOL" in shared
+    assert set(compose["x-mint-env"]) <= set(data), set(compose["x-mint-env"]) - set(data)
+    assert "MINT_KAFKA_SECURITY_PROTOCOL" in shared and "MINT_TOPIC_MIN_INSYNC" in shared
     s = _settings_from(data, monkeypatch)
     services = {d["metadata"]["name"]: d for d in k8s if d["kind"] == "Service"}
-    host, _, port = s.kafka_bootstrap.rpartition(":")
-    assert int(port) in [p["port"] for p in services[host]["spec"]["ports"]]
-    assert s.cassandra_port in [
-        p["port"] for p in services[s.cassandra_contact_points[0]]["spec"]["ports"]
-    ]
+    assert _hosts(s.kafka_bootstrap) == _pod_names(k8s, "kafka")
+    assert s.cassandra_contact_points == _pod_names(k8s, "cassandra")
+    for entry in s.kafka_bootstrap.split(","):
+        service = entry.rpartition(":")[0].split(".")[1]
+        assert int(entry.rpartition(":")[2]) in [
+            p["port"] for p in services[service]["spec"]["ports"]
+        ]
+    assert s.cassandra_port in [p["port"] for p in services["cassandra"]["spec"]["ports"]]
 
 
 def test_k8s_mint_containers_read_the_configmap_and_run_real_commands(k8s) -> None:
@@ -341,10 +408,12 @@ def test_compose_each_service_runs_as_its_own_principal(compose) -> None:
         if setup:
             assert f"--dir {folder}" in " ".join(svc["command"]), name
     assert set(principals.values()) == _service_principals()
-    # the broker mounts its folder of Kafka passwords, Cassandra none
-    (broker_mount,) = _secret_mounts(compose["services"]["kafka"])
-    assert broker_mount["volume"]["subpath"] == "broker" and broker_mount["read_only"] is True
-    assert not _secret_mounts(compose["services"]["cassandra"])
+    # each broker mounts the folder of Kafka passwords, no Cassandra node any
+    for svc in _kafka_services(compose).values():
+        (broker_mount,) = _secret_mounts(svc)
+        assert broker_mount["volume"]["subpath"] == "broker" and broker_mount["read_only"] is True
+    for svc in _cassandra_services(compose).values():
+        assert not _secret_mounts(svc)
 
 
 def _workers() -> set[str]:
@@ -438,18 +507,28 @@ def _kafka_pod(k8s: list[dict]) -> dict:
     return pod
 
 
+def _k8s_kafka_env(c: dict, pod_name: str) -> dict[str, str]:
+    """A broker container's variables as the pod ``pod_name`` sees them."""
+    fields = {"metadata.name": pod_name}
+    env = {name: fields[path] for name, path in _env_from_fields(c).items()}
+    for name, value in _env(c).items():  # $(VAR): a variable defined before it
+        env[name] = re.sub(r"\$\((\w+)\)", lambda m: env[m[1]], value)
+    return env
+
+
 def test_kafka_start_script_is_the_same_in_compose_and_k8s(compose, k8s) -> None:
     script = KAFKA_SCRIPT.read_text()
     cm = _configmap(k8s, "kafka-start")
     assert cm["data"] == {"start-secure.sh": script}, "copy deploy/kafka/start-secure.sh"
-    svc = compose["services"]["kafka"]
-    (mount,) = [v for v in svc["volumes"] if isinstance(v, str) and "start-secure.sh" in v]
-    source, target, mode = mount.split(":")
-    assert (DEPLOY / source).resolve() == KAFKA_SCRIPT and mode == "ro"
-    assert svc["command"] == ["sh", target]
-    assert compose["services"]["kafka"]["depends_on"]["mint-secrets"] == {
-        "condition": "service_completed_successfully"
-    }
+    brokers = _kafka_services(compose)
+    assert len(brokers) == NODES
+    for svc in brokers.values():
+        (mount,) = [v for v in svc["volumes"] if isinstance(v, str) and "start-secure.sh" in v]
+        source, target, mode = mount.split(":")
+        assert (DEPLOY / source).resolve() == KAFKA_SCRIPT and mode == "ro"
+        assert svc["command"] == ["sh", target]
+        assert svc["depends_on"]["mint-secrets"] == {"condition": "service_completed_successfully"}
+    svc = brokers["kafka-1"]
     pod = _kafka_pod(k8s)
     volumes = {v["name"]: v for v in pod["volumes"]}
     (init,) = pod["initContainers"]
@@ -457,18 +536,14 @@ def test_kafka_start_script_is_the_same_in_compose_and_k8s(compose, k8s) -> None
     assert init["command"] == ["sh", target, "format"] and broker["command"] == ["sh", target]
     for c, keys in ((init, {f"kafka-{p}" for p in ALL_PRINCIPALS}), (broker, {"kafka-admin"})):
         assert c["image"] == svc["image"]
-        assert (
-            _env(c)["KAFKA_ADVERTISED_LISTENERS"]
-            == svc["environment"]["KAFKA_ADVERTISED_LISTENERS"]
-        )
+        assert c["env"] == broker["env"], "the init container formats with the broker's settings"
+        env = _k8s_kafka_env(c, "kafka-0")
+        assert env["KAFKA_HEAP_OPTS"] == svc["environment"]["KAFKA_HEAP_OPTS"]
         mounts = {m["mountPath"]: volumes.get(m["name"], {}) for m in c["volumeMounts"]}
         assert mounts[str(PurePosixPath(target).parent)]["configMap"]["name"] == "kafka-start"
         secret = mounts["/run/secrets/mint"]["secret"]
         assert secret["secretName"] == SECRET_NAME
         assert {i["key"] for i in secret["items"]} == keys, c["name"]
-    # the controller listener (PLAINTEXT, ANONYMOUS a super user) is on loopback: not a port
-    kafka_ports = [p["port"] for d in k8s if d["kind"] == "Service" for p in d["spec"]["ports"]]
-    assert 9093 not in kafka_ports
 
 
 def _fake_kafka_bin(folder: Path) -> Path:
@@ -487,41 +562,71 @@ def _fake_kafka_bin(folder: Path) -> Path:
     return folder
 
 
-def test_kafka_start_script_formats_scram_users_once_with_the_secure_config(tmp_path) -> None:
+def _run_kafka_script(
+    folder: Path, secrets: Path, node_env: dict[str, str], modes=("format", "start")
+) -> tuple[dict[str, str], list[str], subprocess.CompletedProcess]:
+    """Run the start script as one broker with stand-in programs: (its server.properties, its
+    format arguments, the last run)."""
+    folder.mkdir()
+    data, conf = folder / "data", folder / "conf"
+    data.mkdir()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("KAFKA_") and k != "POD_NAME"},
+        "SECRETS_DIR": str(secrets),
+        "BROKER_BIN": str(_fake_kafka_bin(folder / "bin")),
+        "BROKER_DATA": str(data),
+        "BROKER_CONF": str(conf),
+        **node_env,
+    }
+    done = None
+    for mode in modes:
+        argv = ["sh", str(KAFKA_SCRIPT)] + ([mode] if mode == "format" else [])
+        done = subprocess.run(argv, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            return {}, [], done
+    props = _properties((conf / "server.properties").read_text())
+    log = folder / "format.log"
+    return props, (log.read_text().splitlines() if log.exists() else []), done
+
+
+def _local_cluster_broker() -> dict[str, str]:
+    """The local cluster's broker settings (MINT_DEV_NODES=3): the template rendered as
+    mint/dev/jvm.py renders it for three nodes, with the lines it appends."""
+    text = (ROOT / "mint" / "dev" / "services" / "server.properties.in").read_text()
+    rf = CLUSTER["topic_replication"]
+    text = text.replace("@RF@", str(rf)).replace("@MIN_ISR@", str(CLUSTER["topic_min_insync"]))
+    jvm = (ROOT / "mint" / "dev" / "jvm.py").read_text()
+    appended = re.findall(r"(broker\.(?:heartbeat\.interval|session\.timeout)\.ms=\d+)", jvm)
+    assert len(appended) == 2
+    return _properties(text + "\n" + "\n".join(appended))
+
+
+def test_kafka_start_script_formats_scram_users_once_with_the_secure_config(
+    compose, tmp_path
+) -> None:
     secrets = tmp_path / "secrets"
     ensure_secrets(secrets)
     passwords = {p: (secrets / f"kafka-{p}").read_text() for p in ALL_PRINCIPALS}
-    data, conf = tmp_path / "data", tmp_path / "conf"
-    data.mkdir()
-    env = {
-        **os.environ,
-        "SECRETS_DIR": str(secrets),
-        "BROKER_BIN": str(_fake_kafka_bin(tmp_path / "bin")),
-        "BROKER_DATA": str(data),
-        "BROKER_CONF": str(conf),
-        "KAFKA_ADVERTISED_LISTENERS": "SASL_PLAINTEXT://kafka:9092",
-    }
-    run = [["sh", str(KAFKA_SCRIPT), "format"], ["sh", str(KAFKA_SCRIPT)]]
-    for argv in run:  # the second run finds the storage formatted: no second format
-        subprocess.run(argv, env=env, check=True, capture_output=True)
-    log = (tmp_path / "format.log").read_text().splitlines()
-    assert log.count("format") == 1 and "--standalone" in log
+    svc = compose["services"]["kafka-1"]
+    props, log, _ = _run_kafka_script(tmp_path / "kafka-1", secrets, svc["environment"])
+    # `format` then `start`: the second run finds the storage formatted, no second format
+    assert log.count("format") == 1
     scram = {log[i + 1] for i, word in enumerate(log) if word == "--add-scram"}
     assert scram == {f"SCRAM-SHA-256=[name={p},password={pw}]" for p, pw in passwords.items()}, (
         "a SCRAM user per principal"
     )
-    assert (tmp_path / "started").read_text().split() == [str(conf / "server.properties")]
+    conf = tmp_path / "kafka-1" / "conf"
+    started = (tmp_path / "kafka-1" / "started").read_text().split()
+    assert started == [str(conf / "server.properties")]
 
-    props = _properties((conf / "server.properties").read_text())
     local = _properties(
         (ROOT / "mint" / "dev" / "services" / "server-secure.properties.in").read_text()
     )
     assert {k: props[k] for k in BROKER_SECURITY_KEYS} == {
         k: local[k] for k in BROKER_SECURITY_KEYS
     }
-    assert props["advertised.listeners"] == env["KAFKA_ADVERTISED_LISTENERS"]
-    assert props["listeners"] == "SASL_PLAINTEXT://:9092,CONTROLLER://127.0.0.1:9093"
-    assert props["log.dirs"] == str(data)
+    assert props["advertised.listeners"] == svc["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+    assert props["log.dirs"] == str(tmp_path / "kafka-1" / "data")
     assert (
         f'username="admin" password="{passwords["admin"]}";'
         in props["listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config"]
@@ -533,13 +638,102 @@ def test_kafka_start_script_formats_scram_users_once_with_the_secure_config(tmp_
         assert stat.S_IMODE(p.stat().st_mode) == 0o600
 
 
+def test_kafka_controller_listener_takes_admin_logins_only(compose, tmp_path) -> None:
+    """The voters reach each other's controller listener over the network: SASL/PLAIN as
+    admin (controllers cannot check SCRAM), never PLAINTEXT with ANONYMOUS a super user."""
+    secrets = tmp_path / "secrets"
+    ensure_secrets(secrets)
+    admin = (secrets / "kafka-admin").read_text()
+    props, _, _ = _run_kafka_script(
+        tmp_path / "kafka-1", secrets, compose["services"]["kafka-1"]["environment"]
+    )
+    (controller,) = props["controller.listener.names"].split(",")
+    protocols = dict(p.split(":") for p in props["listener.security.protocol.map"].split(","))
+    assert set(protocols.values()) == {"SASL_PLAINTEXT"}, "every listener takes logins"
+    listeners = dict(
+        re.fullmatch(r"(\w+)://(.*)", p).groups() for p in props["listeners"].split(",")
+    )
+    assert listeners == {"SASL_PLAINTEXT": ":9092", controller: ":9093"}
+    prefix = f"listener.name.{controller.lower()}"
+    assert props[f"{prefix}.sasl.enabled.mechanisms"] == "PLAIN"
+    assert props["sasl.mechanism.controller.protocol"] == "PLAIN"
+    jaas = props[f"{prefix}.plain.sasl.jaas.config"]
+    assert jaas.startswith("org.apache.kafka.common.security.plain.PlainLoginModule required")
+    users = dict(re.findall(r'(\w+)="([^"]*)"', jaas))
+    assert users == {"username": "admin", "password": admin, "user_admin": admin}
+    assert props["super.users"] == "User:admin", "no ANONYMOUS super user"
+
+
+def test_kafka_brokers_form_one_cluster_with_the_local_cluster_settings(
+    compose, k8s, tmp_path
+) -> None:
+    """Each compose broker and each k8s pod, run through the start script: node ids 1-3, one
+    static quorum of all three, one cluster id, no --standalone, the local cluster's
+    replication settings."""
+    secrets = tmp_path / "secrets"
+    ensure_secrets(secrets)
+    local = _local_cluster_broker()
+    (broker,) = _kafka_pod(k8s)["containers"]
+    runs = {name: svc["environment"] for name, svc in _kafka_services(compose).items()}
+    runs |= {
+        f"k8s-{pod}": _k8s_kafka_env(broker, pod.split(".")[0]) for pod in _pod_names(k8s, "kafka")
+    }
+    for deployment in ("kafka-", "k8s-"):
+        mine = {n: e for n, e in runs.items() if n.startswith(deployment)}
+        assert len(mine) == NODES
+        seen = {}
+        for name, env in mine.items():
+            props, log, done = _run_kafka_script(tmp_path / name, secrets, env, ("format",))
+            assert done.returncode == 0, done.stderr
+            seen[name] = props
+            assert "--standalone" not in log, "a static quorum: no --standalone"
+            assert log[log.index("--cluster-id") + 1] == env["KAFKA_CLUSTER_ID"]
+            assert {k: props[k] for k in BROKER_CLUSTER_KEYS} == {
+                k: local[k] for k in BROKER_CLUSTER_KEYS
+            }, name
+            # the advertised name is the one clients bootstrap with; its voter entry is this node
+            host = props["advertised.listeners"].rpartition("//")[2].rpartition(":")[0]
+            voters = dict(v.split("@") for v in props["controller.quorum.voters"].split(","))
+            assert voters[props["node.id"]] == f"{host}:9093", name
+        assert sorted(int(p["node.id"]) for p in seen.values()) == list(range(1, NODES + 1))
+        assert len({p["controller.quorum.voters"] for p in seen.values()}) == 1
+        assert len({e["KAFKA_CLUSTER_ID"] for e in mine.values()}) == 1
+    assert props["default.replication.factor"] == str(CLUSTER["topic_replication"])
+    assert props["min.insync.replicas"] == str(CLUSTER["topic_min_insync"])
+
+
+def test_kafka_start_script_refuses_a_node_outside_the_quorum(compose, tmp_path) -> None:
+    secrets = tmp_path / "secrets"
+    ensure_secrets(secrets)
+    env = dict(compose["services"]["kafka-1"]["environment"])
+    cases = {
+        "not-a-voter": {**env, "KAFKA_NODE_ID": "4"},
+        "no-ordinal": {**{k: v for k, v in env.items() if k != "KAFKA_NODE_ID"}, "POD_NAME": "x"},
+        "no-cluster-id": {k: v for k, v in env.items() if k != "KAFKA_CLUSTER_ID"},
+    }
+    for name, case in cases.items():
+        _, log, done = _run_kafka_script(tmp_path / name, secrets, case, ("format",))
+        assert done.returncode != 0 and not log, name
+    # one voter and no id: a single broker formats with a random cluster id
+    single = {
+        **env,
+        "KAFKA_CONTROLLER_QUORUM_VOTERS": "1@kafka-1:9093",
+        "KAFKA_CLUSTER_ID": "",
+    }
+    props, log, done = _run_kafka_script(tmp_path / "single", secrets, single, ("format",))
+    assert done.returncode == 0, done.stderr
+    assert log[log.index("--cluster-id") + 1] == "q1Sh-9_ISia_zwGINzRvyQ"
+    assert props["default.replication.factor"] == props["min.insync.replicas"] == "1"
+
+
 def test_kafka_health_checks_log_in_with_the_file_the_script_writes(compose, k8s) -> None:
     text = KAFKA_SCRIPT.read_text()
     default_conf = re.search(r"conf=\$\{BROKER_CONF:-([^}]+)\}", text)[1]
     client_file = f"{default_conf}/admin.properties"
     assert 'cat >"$conf/admin.properties"' in text
-    health = compose["services"]["kafka"]["healthcheck"]["test"][1]
-    assert f"--command-config {client_file}" in health
+    for svc in _kafka_services(compose).values():
+        health = svc["healthcheck"]["test"][1]
+        assert f"--command-config {client_file}" in health
     (broker,) = _kafka_pod(k8s)["containers"]
     probe = broker["readinessProbe"]["exec"]["command"]
     assert probe[probe.index("--command-config") + 1] == client_file
@@ -551,10 +745,11 @@ def test_kafka_health_checks_log_in_with_the_file_the_script_writes(compose, k8s
 def _cassandra_scripts(compose: dict, k8s: list[dict]) -> dict[str, str]:
     ((_, pod),) = [(n, p) for n, p in _pods(k8s) if n == "cassandra"]
     (c,) = pod["containers"]
-    return {
-        "compose": _shell_script(compose["services"]["cassandra"]["entrypoint"]),
-        "k8s": _shell_script(c["command"]),
+    scripts = {
+        name: _shell_script(svc["entrypoint"]) for name, svc in _cassandra_services(compose).items()
     }
+    assert len(scripts) == NODES and len(set(scripts.values())) == 1, "one entrypoint for all"
+    return {"compose": scripts["cassandra-1"], "k8s": _shell_script(c["command"])}
 
 
 CASSANDRA_5_YAML = """\
@@ -605,10 +800,9 @@ def test_cassandra_health_checks_need_no_password(compose, k8s) -> None:
     """A fresh node has only the default superuser, locked by `mint security apply`: a check
     that logs in would fail before the roles exist or after the lock."""
     ((_, pod),) = [(n, p) for n, p in _pods(k8s) if n == "cassandra"]
-    checks = [
-        " ".join(compose["services"]["cassandra"]["healthcheck"]["test"]),
-        " ".join(pod["containers"][0]["readinessProbe"]["exec"]["command"]),
-    ]
+    checks = [" ".join(s["healthcheck"]["test"]) for s in _cassandra_services(compose).values()]
+    checks.append(" ".join(pod["containers"][0]["readinessProbe"]["exec"]["command"]))
+    assert len(checks) == NODES + 1
     for check in checks:
         assert "nodetool" in check and "cqlsh" not in check
 
@@ -854,3 +1048,183 @@ def test_k8s_every_worker_pod_is_annotated_for_scraping_on_its_metrics_port(k8s)
     volumes = {v["name"]: v for v in pod["volumes"]}
     (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == "/etc/prometheus"]
     assert volumes[mount["name"]]["configMap"]["name"] == "prometheus-config"
+
+
+# -- three of each: one node down is not an outage ----------------------------------------------
+
+
+def _replication(text: str) -> dict:
+    return ast.literal_eval(text)
+
+
+def _mint_envs(compose: dict, k8s: list[dict]) -> dict[str, dict[str, str]]:
+    """Every MinT container's MINT_* environment: compose services and k8s containers."""
+    envs = {name: svc["environment"] for name, svc in _mint_services(compose).items()}
+    cm = _configmap(k8s, "mint-settings")
+    for name, _, c in _mint_containers(k8s):
+        envs[f"k8s {name}/{c['name']}"] = {**cm["data"], **_env(c)}
+    return envs
+
+
+def test_compose_runs_three_brokers_and_three_cassandra_nodes(compose) -> None:
+    brokers, nodes = _kafka_services(compose), _cassandra_services(compose)
+    assert sorted(brokers) == [f"kafka-{i}" for i in range(1, NODES + 1)]
+    assert sorted(nodes) == [f"cassandra-{i}" for i in range(1, NODES + 1)]
+    for name, svc in {**brokers, **nodes}.items():
+        assert "profiles" not in svc, f"{name} runs by default"
+        assert "scale" not in svc and "replicas" not in svc.get("deploy", {}), name
+    # brokers: ids 1-3, one quorum of all three by service name, one cluster id, own volumes
+    envs = {name: svc["environment"] for name, svc in brokers.items()}
+    assert [envs[n]["KAFKA_NODE_ID"] for n in sorted(envs)] == ["1", "2", "3"]
+    voters = {e["KAFKA_CONTROLLER_QUORUM_VOTERS"] for e in envs.values()}
+    assert voters == {",".join(f"{e['KAFKA_NODE_ID']}@{n}:9093" for n, e in sorted(envs.items()))}
+    assert len({e["KAFKA_CLUSTER_ID"] for e in envs.values()}) == 1
+    for name, svc in brokers.items():  # started together: a quorum needs two of three
+        assert set(svc["depends_on"]) == {"mint-secrets"}, name
+    # Cassandra: every node a seed, one datacenter through the gossiping snitch, one cluster
+    envs = {name: svc["environment"] for name, svc in nodes.items()}
+    assert len({json.dumps(e, sort_keys=True) for e in envs.values()}) == 1, "one node config"
+    env = envs["cassandra-1"]
+    assert env["CASSANDRA_SEEDS"].split(",") == sorted(nodes)
+    assert env["CASSANDRA_ENDPOINT_SNITCH"] == "GossipingPropertyFileSnitch"
+    assert env["CASSANDRA_DC"] == "datacenter1" and env["CASSANDRA_CLUSTER_NAME"]
+    # one at a time: each node waits until the one before serves CQL (its healthcheck), so it
+    # takes its tokens knowing the ring
+    order = sorted(nodes)
+    assert "depends_on" not in nodes[order[0]]
+    for before, after in itertools.pairwise(order):
+        assert nodes[after]["depends_on"] == {before: {"condition": "service_healthy"}}
+        assert "statusbinary" in " ".join(nodes[before]["healthcheck"]["test"])
+    # each node its own data volume; the set-up waits for all six
+    data = [
+        v.split(":")[0]
+        for svc in {**brokers, **nodes}.values()
+        for v in svc["volumes"]
+        if isinstance(v, str) and v.split(":")[1] in ("/var/lib/kafka/data", "/var/lib/cassandra")
+    ]
+    assert len(data) == 2 * NODES == len(set(data)) and set(data) <= set(compose["volumes"])
+    for name in ("mint-init", "mint-check"):
+        wait = compose["services"][name]["depends_on"]
+        assert wait == {n: {"condition": "service_healthy"} for n in {**brokers, **nodes}}, name
+
+
+def _anti_affinity(pod: dict) -> dict:
+    (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    return term["podAffinityTerm"]
+
+
+def test_k8s_runs_three_of_each_as_statefulsets(k8s) -> None:
+    services = {d["metadata"]["name"]: d for d in k8s if d["kind"] == "Service"}
+    budgets = {d["metadata"]["name"]: d for d in k8s if d["kind"] == "PodDisruptionBudget"}
+    for name in ("kafka", "cassandra"):
+        sts = _statefulset(k8s, name)
+        spec, labels = sts["spec"], sts["spec"]["template"]["metadata"]["labels"]
+        assert spec["replicas"] == NODES, name
+        # stable names: <pod>.<headless service>, resolvable before the pods are ready
+        service = services[spec["serviceName"]]["spec"]
+        assert service["clusterIP"] == "None" and service["publishNotReadyAddresses"] is True
+        assert service["selector"] == labels == spec["selector"]["matchLabels"]
+        # one pod at a time for voluntary disruptions; spread over machines where there are some
+        budget = budgets[name]
+        assert budget["apiVersion"] == "policy/v1" and budget["spec"]["maxUnavailable"] == 1
+        assert budget["spec"]["selector"]["matchLabels"] == labels
+        term = _anti_affinity(spec["template"]["spec"])
+        assert term["labelSelector"]["matchLabels"] == labels
+        assert term["topologyKey"] == "kubernetes.io/hostname"
+    # Kafka: all pods at once (a quorum needs two), the voters built from the pods' DNS names
+    assert _statefulset(k8s, "kafka")["spec"]["podManagementPolicy"] == "Parallel"
+    (broker,) = _kafka_pod(k8s)["containers"]
+    pods = _pod_names(k8s, "kafka")
+    voters = _env(broker)["KAFKA_CONTROLLER_QUORUM_VOTERS"]
+    assert voters == ",".join(f"{i + 1}@{pod}:9093" for i, pod in enumerate(pods))
+    assert _env_from_fields(broker) == {"POD_NAME": "metadata.name"}
+    for pod in pods:
+        advertised = _k8s_kafka_env(broker, pod.split(".")[0])["KAFKA_ADVERTISED_LISTENERS"]
+        assert advertised == f"SASL_PLAINTEXT://{pod}:9092"
+    # Cassandra: one at a time (OrderedReady: each waits until the one before is ready), every
+    # pod a seed, one datacenter
+    assert _statefulset(k8s, "cassandra")["spec"]["podManagementPolicy"] == "OrderedReady"
+    ((_, pod),) = [(n, p) for n, p in _pods(k8s) if n == "cassandra"]
+    env = _env(pod["containers"][0])
+    assert env["CASSANDRA_SEEDS"].split(",") == _pod_names(k8s, "cassandra")
+    assert env["CASSANDRA_ENDPOINT_SNITCH"] == "GossipingPropertyFileSnitch"
+    assert env["CASSANDRA_DC"] == "datacenter1"
+
+
+def test_every_mint_container_names_every_node_with_the_cluster_settings(
+    compose, k8s, monkeypatch
+) -> None:
+    """Each MinT container lists all three brokers and all three Cassandra nodes (any one may
+    be down when it starts) and has the local cluster's replication settings: topics RF 3 with
+    min.insync.replicas 2, the keyspace NetworkTopologyStrategy RF 3 in the nodes' datacenter."""
+    brokers = {
+        "compose": [f"{n}:9092" for n in sorted(_kafka_services(compose))],
+        "k8s": [f"{p}:9092" for p in _pod_names(k8s, "kafka")],
+    }
+    nodes = {"compose": sorted(_cassandra_services(compose)), "k8s": _pod_names(k8s, "cassandra")}
+    dcs = {
+        "compose": {
+            s["environment"]["CASSANDRA_DC"] for s in _cassandra_services(compose).values()
+        },
+        "k8s": {
+            _env(c)["CASSANDRA_DC"]
+            for c in _statefulset(k8s, "cassandra")["spec"]["template"]["spec"]["containers"]
+        },
+    }
+    envs = _mint_envs(compose, k8s)
+    assert len(envs) > 10
+    for where, env in envs.items():
+        deployment = "k8s" if where.startswith("k8s ") else "compose"
+        s = _settings_from(env, monkeypatch)
+        assert s.kafka_bootstrap.split(",") == brokers[deployment], where
+        assert s.cassandra_contact_points == nodes[deployment], where
+        assert len(brokers[deployment]) == len(nodes[deployment]) == NODES
+        assert s.topic_replication == CLUSTER["topic_replication"] == 3, where
+        assert s.topic_min_insync == CLUSTER["topic_min_insync"] == 2, where
+        (dc,) = dcs[deployment]
+        replication = _replication(s.keyspace_replication)
+        assert replication == _replication(CLUSTER["keyspace_replication"]), where
+        assert replication == {"class": "NetworkTopologyStrategy", dc: 3}, where
+
+
+def _bytes(size: str) -> int:
+    """Docker's 1g / 512m, Kubernetes' 1Gi, the JVM's 1G / 512m."""
+    m = re.fullmatch(r"(\d+)([kKmMgG])i?[bB]?", size.strip())
+    assert m, size
+    return int(m[1]) * 1024 ** " kmg".index(m[2].lower())
+
+
+def _heaps(compose: dict) -> dict[str, tuple[int, int]]:
+    """Each JVM service: (heap, memory limit) in bytes."""
+    out = {}
+    for name, svc in _kafka_services(compose).items():
+        opts = svc["environment"]["KAFKA_HEAP_OPTS"].split()
+        xmx = next(o for o in opts if o.startswith("-Xmx"))[4:]
+        assert f"-Xms{xmx}" in opts, f"{name}: the whole heap from the start"
+        out[name] = (_bytes(xmx), _bytes(svc["mem_limit"]))
+    for name, svc in _cassandra_services(compose).items():
+        out[name] = (_bytes(svc["environment"]["MAX_HEAP_SIZE"]), _bytes(svc["mem_limit"]))
+    return out
+
+
+def test_the_six_jvms_fit_a_24_gb_machine_beside_the_workers(compose, k8s) -> None:
+    """The local launcher's heaps (MINT_KAFKA_HEAP_MB, MINT_CASSANDRA_HEAP_MB defaults), each in
+    a container with room off the heap; the six take at most 9 GiB of a 24 GB machine."""
+    defaults = MintSettings()
+    heaps = _heaps(compose)
+    assert len(heaps) == 2 * NODES
+    for name, (heap, limit) in heaps.items():
+        want = defaults.kafka_heap_mb if name.startswith("kafka") else defaults.cassandra_heap_mb
+        assert heap == want * 2**20, name
+        assert limit >= 2 * heap, f"{name}: page cache, off-heap buffers and metaspace"
+    assert sum(limit for _, limit in heaps.values()) <= 9 * 2**30
+    # Kubernetes: the same heaps and limits, requested in full (a JVM never gives its heap back)
+    for name, compose_name in (("kafka", "kafka-1"), ("cassandra", "cassandra-1")):
+        ((_, pod),) = [(n, p) for n, p in _pods(k8s) if n == name]
+        (c,) = pod["containers"]
+        resources = c["resources"]
+        assert resources["requests"]["memory"] == resources["limits"]["memory"], name
+        assert _bytes(resources["limits"]["memory"]) == heaps[compose_name][1], name
+        env = _env(c)
+        heap = env.get("MAX_HEAP_SIZE") or env["KAFKA_HEAP_OPTS"].split("-Xmx")[1]
+        assert _bytes(heap) == heaps[compose_name][0], name
