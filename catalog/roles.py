@@ -159,6 +159,12 @@ def apply(settings: MintSettings, passwords: dict[str, str], keyspace: str | Non
     except NoHostAvailable:  # applied before: our admin
         cluster, session = _session(settings, ADMIN_ROLE, passwords[ADMIN_ROLE])
     try:
+        # Logins live in system_auth, one replica by default: on a cluster, the node holding
+        # a role's row down would refuse that role's logins. Replicate it as the catalog is
+        # (existing clusters also need `nodetool repair system_auth` once per node).
+        session.execute(
+            f"ALTER KEYSPACE system_auth WITH replication = {settings.keyspace_replication}"
+        )
         session.execute(
             f"CREATE ROLE IF NOT EXISTS {ADMIN_ROLE} WITH SUPERUSER = true AND "
             "LOGIN = true AND PASSWORD = %s",

@@ -71,6 +71,11 @@ class Workers:
                 "MINT_CASSANDRA_HOSTS": s.cassandra_hosts,
                 "MINT_CASSANDRA_PORT": str(s.cassandra_port),
                 "MINT_TOPIC_PARTITIONS": str(s.topic_partitions),
+                # a cluster's layout too: topics a worker creates (a tenant's) replicate alike
+                "MINT_TOPIC_REPLICATION": str(s.topic_replication),
+                "MINT_TOPIC_MIN_INSYNC": str(s.topic_min_insync),
+                "MINT_KEYSPACE_REPLICATION": s.keyspace_replication,
+                "MINT_DEV_NODES": str(s.dev_nodes),
                 "MINT_STATE_DIR": str(s.state_dir),
                 "MINT_STORE_URI": str(s.adapter_store_root),
                 "MINT_BASE_MODEL": str(self.model),
