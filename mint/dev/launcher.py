@@ -169,16 +169,23 @@ def up(settings: MintSettings, only: tuple[str, ...] = KINDS) -> dict[str, float
     deadline = t0 + settings.startup_timeout_s * max(1, settings.dev_nodes / 2)
     first_cassandra = [s for s in chosen if s.kind == "cassandra"][:1]
     fresh = first_cassandra and not (first_cassandra[0].home / "data").exists()
-    for svc in chosen:
-        _start(settings, svc, started)
-        if fresh and svc in first_cassandra and settings.dev_nodes > 1:
-            _wait(svc, started, deadline, settings)
     ready: dict[str, float] = {}
-    for svc in chosen:
-        _wait(svc, started, deadline, settings)
-        if svc.name in started:
-            ready[svc.name] = time.monotonic() - t0
-            log.info("service ready", service=svc.name, seconds=round(ready[svc.name], 1))
+    try:
+        for svc in chosen:
+            _start(settings, svc, started)
+            if fresh and svc in first_cassandra and settings.dev_nodes > 1:
+                _wait(svc, started, deadline, settings)
+        for svc in chosen:
+            _wait(svc, started, deadline, settings)
+            if svc.name in started:
+                ready[svc.name] = time.monotonic() - t0
+                log.info("service ready", service=svc.name, seconds=round(ready[svc.name], 1))
+    except BaseException:
+        # half up is neither: stop what this call started (the error says why it failed)
+        for svc in chosen:
+            if svc.name in started:
+                _stop(svc, timeout_s=30.0)
+        raise
     return ready
 
 
@@ -225,7 +232,7 @@ def _failure(svc: Service, what: str) -> str:
             if tail:
                 break
     return (
-        f"{svc.name} {what} ({svc.host}:{svc.port}); read {svc.log_file} and {out_file}. "
+        f"{svc.name} {what} (port {svc.port} on {svc.host}); read {svc.log_file} and {out_file}. "
         f"Last lines:\n{tail}"
     )
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mint.dev import launcher
+from mint.dev import jvm, launcher
 from schemas.settings import MintSettings
 from tests.conftest import IN_CI
 
@@ -23,7 +23,7 @@ def _free_port() -> int:
 
 @pytest.fixture
 def private_settings(tmp_path: Path) -> MintSettings:
-    if shutil.which("java") is None or not any((launcher.VENDORED_JVM / "kafka").glob("*.jar")):
+    if shutil.which("java") is None or not any((jvm.VENDORED_JVM / "kafka").glob("*.jar")):
         if IN_CI:
             pytest.fail("CI=true but java or the vendored jars are missing")
         pytest.skip("needs java and ../shared/vendor/jvm")

@@ -36,15 +36,17 @@ def secure(tmp_path_factory) -> MintSettings:
             "state_dir": Path(state) / "secure",
             "topic_prefix": f"sec-{uuid.uuid4().hex[:6]}",
             "keyspace": f"sec_{uuid.uuid4().hex[:6]}",
-            "kafka_bootstrap": "127.0.0.1:39092",
-            "kafka_controller_port": 39093,
-            "cassandra_port": 39042,
-            "cassandra_storage_port": 37000,
+            # below Linux's ephemeral range (32768-60999): a client socket of any process can
+            # hold a port in it, and a Cassandra start failed on one (bind: address in use)
+            "kafka_bootstrap": "127.0.0.1:18092",
+            "kafka_controller_port": 18093,
+            "cassandra_port": 18042,
+            "cassandra_storage_port": 18000,
         }
     )
     admin = secure_settings(base, "admin")
-    launcher.up(admin)
-    try:
+    try:  # a failed start stops what it started too
+        launcher.up(admin)
         setup(base)
         ensure_topics(admin)
         cluster, session = connect(admin)
