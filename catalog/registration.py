@@ -27,7 +27,7 @@ import json
 import math
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -218,6 +218,12 @@ class Registrar:
                     f"its registrant (claim {row.claimed_by}) has not written yet: retry in a few "
                     "seconds"
                 )
+            if row.claimed_at is not None:
+                # Our own earlier attempt won the compare-and-set and then failed (a crash, or
+                # a timeout on a cluster whose write went through anyway): the revision takes
+                # that attempt's time, which its claim row keeps, so the event says the same
+                # time and a replay of it writes the same row.
+                e = replace(e, at=aware(row.claimed_at))
             return self._written(tenant, pol, [(number, e)], record)[0]
         if record:  # the revision's own time, as its export.completed (and so a replay) has it
             self.repo._record_applied(e.reg.source_event_id, rev, "duplicate", rev.created_at)

@@ -3,6 +3,7 @@ confirmed (so a caller that goes on to commit or answer knows the event is durab
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import structlog
@@ -17,6 +18,9 @@ from streams.exceptions import PublishError
 from streams.topics import topic_for_type
 
 log = structlog.get_logger()
+# A confirmation slower than this is logged: on a healthy cluster it takes milliseconds, so a
+# slow one names the broker trouble (a leader moving, a follower holding acks=all) it met.
+SLOW_CONFIRM_S = 5.0
 
 
 class EventProducer:
@@ -45,6 +49,7 @@ class EventProducer:
         self, envelopes: list[Envelope[Any]], topic: str | None = None, timeout_s: float = 30.0
     ) -> list[RecordMetadata]:
         """Send a batch (pipelined), then wait until the broker confirmed every one, in order."""
+        t0 = time.monotonic()
         futures = []
         for env in envelopes:
             target = topic or topic_for_type(self.settings, env.type)
@@ -59,6 +64,13 @@ class EventProducer:
                     f"{timeout_s} s ({e}); the event may be lost: retry the publish "
                     "(consumers dedupe on event_id)"
                 ) from e
+        if (waited := time.monotonic() - t0) > SLOW_CONFIRM_S:
+            log.warning(
+                "slow publish",
+                seconds=round(waited, 1),
+                events=len(sent),
+                partitions=sorted({f"{m.topic}/{m.partition}" for m in sent}),
+            )
         return sent
 
     def send_raw(

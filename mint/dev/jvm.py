@@ -133,9 +133,14 @@ def kafka_command(settings: MintSettings, svc: Service, java: str) -> list[str]:
     )
     if nodes > 1:
         # A killed broker's partitions move once the controller misses its heartbeats: 3 s
-        # rather than the default 9 s bounds how long its partitions have no leader.
+        # rather than the default 9 s bounds how long its partitions have no leader. A follower
+        # in the ISR that stops fetching holds every acks=all write until it is dropped: 5 s
+        # rather than the default 30 s (a restarted broker's export write waited 30 s).
         with props.open("a") as f:
-            f.write("broker.heartbeat.interval.ms=500\nbroker.session.timeout.ms=3000\n")
+            f.write(
+                "broker.heartbeat.interval.ms=500\nbroker.session.timeout.ms=3000\n"
+                "replica.lag.time.max.ms=5000\n"
+            )
     if settings.kafka_secure:
         os.chmod(props, 0o600)  # it holds the broker's own password
     common = [

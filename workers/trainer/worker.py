@@ -104,7 +104,15 @@ class TrainerService(RevisionExporter):
                 trainer_metrics.UPDATES.labels("redelivered").inc()
                 return done
             result = self._run(env)
+            t_published = time.perf_counter()
             self._publish(env, result)
+            log.info(
+                "update_published",
+                request=str(env.event_id),
+                revision=result.get("revision"),
+                trained_s=round(result["duration_s"], 1),
+                publish_s=round(time.perf_counter() - t_published, 1),
+            )
             self.store.record_request(env.tenant, env.policy, str(env.event_id), result)
             trainer_metrics.UPDATES.labels("trained").inc()
             trainer_metrics.UPDATE_SECONDS.observe(result["duration_s"])

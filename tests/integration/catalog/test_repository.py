@@ -605,8 +605,9 @@ def test_a_crash_between_the_decision_and_the_revision_row_is_completed_by_the_r
         return real_run(stmt, params, **kw)
 
     repo._run = crash_on_revision_row
+    first_try = datetime.now(UTC).replace(microsecond=0)
     with pytest.raises(CatalogUnavailable):
-        repo.register_revision(tenant, "math-rl", **kwargs)
+        repo.register_revision(tenant, "math-rl", at=first_try, **kwargs)
     repo._run = real_run
     # The number and the digest are taken: another registrant of that content waits, and a
     # registration numbered 2 with other content is refused.
@@ -616,9 +617,13 @@ def test_a_crash_between_the_decision_and_the_revision_row_is_completed_by_the_r
         repo.register_revision(
             tenant, "math-rl", digest=digest_of("x"), store_uri="file:///x", revision=2
         )
-    # The same export again (its redelivery) writes the row: revision 2, as first decided.
-    rev = repo.register_revision(tenant, "math-rl", **kwargs)
+    # The same export again (its redelivery) writes the row: revision 2, as first decided, at
+    # the time first decided (the claim row's), which its event carries and a replay writes
+    # (found by fault_injection.py --cluster: a compare-and-set that timed out but went through).
+    retry_at = first_try + timedelta(seconds=9)
+    rev = repo.register_revision(tenant, "math-rl", at=retry_at, **kwargs)
     assert (rev.revision, rev.is_new) == (2, True)
+    assert rev.created_at.replace(tzinfo=UTC) == first_try
     assert [r.revision for r in repo.iter_revisions(tenant, "math-rl")] == [2, 1]
     assert repo.resolve(f"{tenant}/math-rl@{kwargs['digest']}").store_uri == kwargs["store_uri"]
 
