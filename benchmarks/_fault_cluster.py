@@ -62,7 +62,11 @@ class AnswerClock(threading.Thread):
         return round(max(b - a for a, b in zip(edges, edges[1:], strict=False)), 2)
 
 
-def inject(fault: str, settings, down_s: float) -> None:
+def inject(fault: str, settings, down_s: float) -> threading.Thread | None:
+    """Carry out ``fault``. A node fault returns at once after the kill, the node coming back
+    in the returned thread (join it before the next fault), so that the round's update and
+    probe run while the node is down, as a cluster must serve them; a rolling restart returns
+    when every node is back."""
     from mint.dev import launcher
 
     kind = fault.split("-")[0]
@@ -70,9 +74,14 @@ def inject(fault: str, settings, down_s: float) -> None:
         node = f"{kind}-1"  # the first contact point of every client, and a seed
         print(f"  kill -9 {node}", file=sys.stderr, flush=True)
         launcher.kill(settings, node)
-        time.sleep(down_s)
-        launcher.up(settings, only=(node,))
-        return
+
+        def back() -> None:
+            time.sleep(down_s)
+            launcher.up(settings, only=(node,))
+
+        restart = threading.Thread(target=back, name=f"restart-{node}", daemon=True)
+        restart.start()
+        return restart
     for i in range(1, NODES + 1):
         node = f"{kind}-{i}"
         print(f"  rolling restart: {node}", file=sys.stderr, flush=True)

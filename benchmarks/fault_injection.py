@@ -58,12 +58,13 @@ TARGETS = {
 }
 
 
-def inject(fault: str, settings, workers, down_s: float) -> None:
+def inject(fault: str, settings, workers, down_s: float):
+    """Kill ``fault`` and bring it back; a cluster node comes back in the thread returned."""
     from mint.dev import launcher
 
     if fault in _fault_cluster.CLUSTER_FAULTS:
-        _fault_cluster.inject(fault, settings, down_s)
-    elif fault in SERVICES:
+        return _fault_cluster.inject(fault, settings, down_s)
+    if fault in SERVICES:
         launcher.kill(settings, fault)
         time.sleep(down_s)
         launcher.up(settings, only=(fault,))
@@ -71,6 +72,7 @@ def inject(fault: str, settings, workers, down_s: float) -> None:
         workers.stop(fault, sig=signal.SIGKILL)
         time.sleep(down_s)
         workers.start_worker(fault)
+    return None
 
 
 def run(
@@ -183,7 +185,7 @@ def run(
             time.sleep(1.0)  # the update is running (or queued behind the trainer's poll)
             t_kill = time.monotonic()
             print(f"fault {i + 1}/{len(faults)}: kill -9 {fault}", file=sys.stderr, flush=True)
-            inject(fault, admin, workers, down_s)
+            restart = inject(fault, admin, workers, down_s)
             probe = f"probe-{fault}-{i}"
             traffic.send(probe, PROMPTS[0])
             export = watched(
@@ -204,6 +206,8 @@ def run(
                 ),
             )
             recovery[fault] = round(time.monotonic() - t_kill, 1)
+            if restart is not None:  # a cluster node: back before the round's end
+                restart.join()
             gaps[fault] = clock.longest_gap(t_kill, time.monotonic())
             breakdown[fault] = {
                 "update_exported_s": round(exported_s, 1),

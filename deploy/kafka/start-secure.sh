@@ -20,7 +20,9 @@
 #
 # Replication as the local cluster: factor min(3, voters), min.insync.replicas one less (2 of 3),
 # the internal topics (offsets, transactions, share groups) included; a broker that misses its
-# heartbeats for 3 s is fenced, which bounds how long its partitions have no leader.
+# heartbeats for 2 s is fenced, a lost active controller is replaced after 1 s, a follower that
+# stops fetching leaves the ISR after 5 s: together they bound how long a partition has no
+# leader or holds acks=all writes (mint/dev/jvm.py CLUSTER_BROKER_TIMINGS, the same values).
 #
 # Environment: KAFKA_CONTROLLER_QUORUM_VOTERS (every voter, id@host:9093,…, the same on every
 # node), KAFKA_NODE_ID (this node's id; unset: the ordinal of the StatefulSet pod POD_NAME, or of
@@ -97,7 +99,10 @@ share.coordinator.state.topic.min.isr=$min_isr
 group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=false
 broker.heartbeat.interval.ms=500
-broker.session.timeout.ms=3000
+broker.session.timeout.ms=2000
+controller.quorum.fetch.timeout.ms=1000
+controller.quorum.election.timeout.ms=500
+replica.lag.time.max.ms=5000
 CONF
 
 # the healthcheck / readiness probe logs in as admin with this file

@@ -30,6 +30,20 @@ SERVICE_CONFIGS = Path(__file__).resolve().parent / "services"
 VENDORED_JVM = PROJECT_ROOT.parent / "shared" / "vendor" / "jvm"
 
 
+# How fast a cluster notices a broker is gone (deploy/kafka/start-secure.sh writes the same).
+# A killed broker's partitions have no leader until the active controller fences it: its
+# session (default 9 s) and, when the killed broker was the active controller, a new election
+# first (the voters' fetch timeout, default 2 s, then the election's). A follower in the ISR that
+# stops fetching holds every acks=all write until it is dropped (default 30 s).
+CLUSTER_BROKER_TIMINGS = {
+    "broker.heartbeat.interval.ms": "500",
+    "broker.session.timeout.ms": "2000",
+    "controller.quorum.fetch.timeout.ms": "1000",
+    "controller.quorum.election.timeout.ms": "500",
+    "replica.lag.time.max.ms": "5000",
+}
+
+
 class LauncherError(MintError, RuntimeError):
     """A local service could not be prepared, started or stopped; the message says what to do."""
 
@@ -132,15 +146,8 @@ def kafka_command(settings: MintSettings, svc: Service, java: str) -> list[str]:
         values,
     )
     if nodes > 1:
-        # A killed broker's partitions move once the controller misses its heartbeats: 3 s
-        # rather than the default 9 s bounds how long its partitions have no leader. A follower
-        # in the ISR that stops fetching holds every acks=all write until it is dropped: 5 s
-        # rather than the default 30 s (a restarted broker's export write waited 30 s).
         with props.open("a") as f:
-            f.write(
-                "broker.heartbeat.interval.ms=500\nbroker.session.timeout.ms=3000\n"
-                "replica.lag.time.max.ms=5000\n"
-            )
+            f.write("".join(f"{k}={v}\n" for k, v in CLUSTER_BROKER_TIMINGS.items()))
     if settings.kafka_secure:
         os.chmod(props, 0o600)  # it holds the broker's own password
     common = [

@@ -31,6 +31,7 @@ import yaml
 
 from catalog.roles import ADMIN_ROLE, ROLES
 from mint.cli import main as mint_cli
+from mint.dev.jvm import CLUSTER_BROKER_TIMINGS
 from mint.security import PRINCIPAL_OF, ensure_secrets
 from schemas.settings import MintSettings, cluster_defaults
 from streams.acls import ADMIN, ALL_PRINCIPALS
@@ -70,8 +71,7 @@ BROKER_CLUSTER_KEYS = (
     "share.coordinator.state.topic.min.isr",
     "group.initial.rebalance.delay.ms",
     "auto.create.topics.enable",
-    "broker.heartbeat.interval.ms",
-    "broker.session.timeout.ms",
+    *CLUSTER_BROKER_TIMINGS,
 )
 NODES = 3  # brokers and Cassandra nodes by default
 CLUSTER = cluster_defaults(NODES)  # the settings MINT_DEV_NODES=3 implies
@@ -595,9 +595,7 @@ def _local_cluster_broker() -> dict[str, str]:
     text = (ROOT / "mint" / "dev" / "services" / "server.properties.in").read_text()
     rf = CLUSTER["topic_replication"]
     text = text.replace("@RF@", str(rf)).replace("@MIN_ISR@", str(CLUSTER["topic_min_insync"]))
-    jvm = (ROOT / "mint" / "dev" / "jvm.py").read_text()
-    appended = re.findall(r"(broker\.(?:heartbeat\.interval|session\.timeout)\.ms=\d+)", jvm)
-    assert len(appended) == 2
+    appended = [f"{k}={v}" for k, v in CLUSTER_BROKER_TIMINGS.items()]
     return _properties(text + "\n" + "\n".join(appended))
 
 
