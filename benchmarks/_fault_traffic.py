@@ -84,7 +84,8 @@ class Traffic(threading.Thread):
 
 
 def answered(client) -> dict[str, float]:
-    """request_id -> when the SDK first saw its answer (completed or failed)."""
+    """request_id -> now, for each request whose answer (completed or failed) the SDK has seen;
+    when each was first seen is AnswerClock's (benchmarks/_fault_cluster.py)."""
     out: dict[str, float] = {}
     for env in client.events(POLICY, ["infer.completed", "infer.failed"]):
         out.setdefault(env.payload.request_id, time.monotonic())
