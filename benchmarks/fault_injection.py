@@ -138,7 +138,7 @@ def run(
         if secure:
             setup(admin)
         ensure_topics(admin)
-        cluster, session = connect(admin)
+        db, session = connect(admin)
         migrate(session, s.keyspace, s.keyspace_replication)
         model = tiny_model(s)
         workers = Workers(s, model, state / "logs")
@@ -235,7 +235,7 @@ def run(
         wait_projected(s, client.catalog)
         workers.stop_all()
         problems = replay_differences(session, s, read_log(s))
-        cluster.shutdown()
+        db.shutdown()
         out.update(
             {
                 "events_sent": len(traffic.sent) + updates + 2 * len(faults),
