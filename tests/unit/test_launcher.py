@@ -159,25 +159,3 @@ def test_a_cluster_does_not_start_over_a_running_single_pair(tmp_path) -> None:
             launcher.up(MintSettings(state_dir=tmp_path, dev_nodes=3))
     finally:
         proc.kill()
-
-
-def test_mint_dev_kill_and_start_name_the_nodes_there_are(tmp_path, monkeypatch) -> None:
-    from click.testing import CliRunner
-
-    from mint.cli import main
-    from schemas.settings import get_settings
-
-    monkeypatch.setenv("MINT_HOME", str(tmp_path))
-    monkeypatch.setenv("MINT_DEV_NODES", "3")
-    get_settings.cache_clear()
-    try:
-        runner = CliRunner()
-        out = runner.invoke(main, ["dev", "kill", "kafka-7"])
-        assert out.exit_code == 1 and "no node named 'kafka-7'" in out.output
-        assert "kafka-1, kafka-2, kafka-3, cassandra-1" in out.output
-        out = runner.invoke(main, ["dev", "kill", "cassandra-2"])  # nothing runs: says so
-        assert out.exit_code == 0 and "cassandra-2 was not running" in out.output
-        out = runner.invoke(main, ["dev", "up", "--help"])
-        assert "--nodes" in out.output and "mint dev kill kafka-2" in out.output
-    finally:
-        get_settings.cache_clear()
