@@ -232,6 +232,11 @@ def run_once(
             + ", ".join(f"{e}: {sorted(p)}" for e, p in sorted(members.items()))
         )
         fig = drive(settings, engines, adapters, plan, waves, label=label)
+        if idle := [e for e in plan.engine_ids if not fig["answered_by_engine"].get(e)]:
+            say(  # why (CI keeps only stderr): where each engine waits, and its log's end
+                f"[red]{label}{', '.join(idle)} answered nothing; the engines' stacks and logs:"
+            )
+            print(engines.workers.report(tail_chars=6000), file=sys.stderr)
         fig["engines_start_s"] = round(start_s, 1)
         fig["engine_restarts"] = list(engines.restarts)
     return fig

@@ -294,7 +294,11 @@ def mint_stack(
                 raise RuntimeError(f"the engine got no partitions in 600 s; see {logs}")
             time.sleep(1.0)
         say(f"MinT engine ready in {time.monotonic() - t0:.0f} s")
-        yield MintStack(f"{url}/v1", key.text, workers, gateway, settings)
+        try:
+            yield MintStack(f"{url}/v1", key.text, workers, gateway, settings)
+        except BaseException:  # CI keeps only stderr: the engine's stacks and both logs' ends
+            say(workers.report(tail_chars=6000))
+            raise
         workers.check()  # the engine served every request without exiting
     finally:
         if gateway is not None:

@@ -96,7 +96,7 @@ def serving_engine(tiny_llama: Path) -> Iterator:
             max_loras=4,
             max_cpu_loras=8,
             max_lora_rank=16,
-            max_model_len=128,
+            max_model_len=512,  # a long request outlasts a short one (test_continuous_batching)
             max_num_seqs=32,
             dtype="float32",
         )

@@ -1,5 +1,5 @@
 """Serving on vLLM's asynchronous engine, on real Kafka, Cassandra and the session's engine
-(tiny model, max_model_len 128): a request joins the running batch instead of waiting for it,
+(tiny model, max_model_len 512): a request joins the running batch instead of waiting for it,
 only a cold adapter's requests wait for its load, n choices are one request, a streamed request's
 text arrives as infer.delta events before its completion, and a cancel aborts a running request."""
 
@@ -31,7 +31,7 @@ def test_a_short_request_sent_after_a_long_one_is_answered_first(stack, variant_
     warm = stack.register(t, "warm", variant_factory(601))
     cold = stack.register(t, "cold", variant_factory(602))
     stack.serve([infer(t, "warm", "prime", warm.revision, max_tokens=1)])  # warm is resident
-    long = infer(t, "warm", "long", warm.revision, max_tokens=100, temperature=1.0, seed=3)
+    long = infer(t, "warm", "long", warm.revision, max_tokens=400, temperature=1.0, seed=3)
     stack.producer.publish_many([long])
     # the long request is running before the others arrive
     stack.step_until(lambda: stack.core.in_flight == 1)
@@ -92,28 +92,30 @@ def test_n_choices_are_one_request_and_a_streamed_answer_arrives_as_deltas_first
 
 
 def test_a_cancel_aborts_a_running_request_and_answers_it_cancelled(stack, variant_factory):
+    """The cancel races the request's own end (450 tokens: a second or two on a quiet
+    machine): a request that finished first is answered completed, as it should be, and the
+    drill runs again with a fresh request, up to 4 times."""
     t = f"x{uuid.uuid4().hex[:8]}"
     rev = stack.register(t, "cancel", variant_factory(604))
     stack.serve([infer(t, "cancel", "prime", rev.revision, max_tokens=1)])
-    env = infer(t, "cancel", "doomed", rev.revision, max_tokens=120, temperature=1.0, seed=9)
-    stack.producer.publish_many([env])
-    stack.step_until(lambda: stack.core.in_flight == 1)
-    foreign = make_event(  # another tenant guessing the id changes nothing
-        InferCancel(request_id="doomed", request_event_id=env.event_id),
-        tenant="intruder",
-        policy="cancel",
-        producer="test/upstream",
-    )
-    mine = make_event(
-        InferCancel(request_id="doomed", request_event_id=env.event_id),
-        tenant=t,
-        policy="cancel",
-        producer="test/upstream",
-    )
-    stack.producer.publish_many([foreign, mine])
-    stack.step_until(lambda: stack.core.in_flight == 0)
-    answer = _answers(stack, {"doomed"})["doomed"].payload
-    assert isinstance(answer, InferFailed), answer
+    outcomes = []
+    for attempt in range(4):
+        rid = f"doomed-{attempt}"
+        env = infer(t, "cancel", rid, rev.revision, max_tokens=450, temperature=1.0, seed=9)
+        stack.producer.publish_many([env])
+        stack.step_until(lambda: stack.core.in_flight == 1)
+        cancel = InferCancel(request_id=rid, request_event_id=env.event_id)
+        foreign = make_event(  # another tenant guessing the id changes nothing
+            cancel, tenant="intruder", policy="cancel", producer="test/upstream"
+        )
+        mine = make_event(cancel, tenant=t, policy="cancel", producer="test/upstream")
+        stack.producer.publish_many([foreign, mine])
+        stack.step_until(lambda: stack.core.in_flight == 0)
+        answer = _answers(stack, {rid})[rid].payload
+        outcomes.append(type(answer).__name__)
+        if not isinstance(answer, InferCompleted):  # the cancel arrived while it ran
+            break
+    assert isinstance(answer, InferFailed), outcomes
     assert (answer.stage, answer.code) == ("expired", "cancelled")
 
 

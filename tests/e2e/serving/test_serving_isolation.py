@@ -1,5 +1,5 @@
 """A request's failure is its own, on real Kafka, Cassandra and the session's vLLM engine
-(max_model_len 128): requests vLLM cannot run share a wave with an ordinary one, and only they
+(max_model_len 512): requests vLLM cannot run share a wave with an ordinary one, and only they
 fail, each with its own answer (stage validate and an OpenAI error code); a re-sent request is
 answered once; the engine goes on serving."""
 
@@ -45,7 +45,7 @@ def test_bad_requests_fail_alone_in_one_wave_and_the_engine_keeps_serving(
     # "ok" is sent twice: re-sent by its producer with the same event id.
     envs = [
         infer(t, "hot", PROMPTS[1], rev, temperature=5.0),  # vLLM runs 0 to 2
-        infer(t, "long", "hello " * 200, rev),  # ~200 tokens, the context is 128
+        infer(t, "long", "hello " * 700, rev),  # ~700 tokens, the context is 512
         infer(t, "greedy", PROMPTS[2], rev, max_tokens=30_000),
         ok,
         ok,
@@ -81,12 +81,12 @@ def test_bad_requests_fail_alone_in_one_wave_and_the_engine_keeps_serving(
     assert isinstance(done, InferCompleted) and done.completion_tokens == 4
     for refused, code, words in [
         (hot, "invalid_value", "temperature=5.0"),
-        (long, "context_length_exceeded", "128 tokens"),
+        (long, "context_length_exceeded", "512 tokens"),
         (greedy, "invalid_value", "max_tokens=30000"),
     ]:
         assert isinstance(refused, InferFailed) and refused.stage == "validate", refused
         assert refused.code == code and words in refused.error, refused.error
-    assert "tokens" in long.error and str(len(tokenizer("hello " * 200).input_ids)) in long.error
+    assert "tokens" in long.error and str(len(tokenizer("hello " * 700).input_ids)) in long.error
     assert stack.core.stats["duplicates"] == 1
     # The ids the engine counted and ran are vLLM's own tokenization of the text.
     assert done.prompt_tokens == len(tokenizer(PROMPTS[0]).input_ids)

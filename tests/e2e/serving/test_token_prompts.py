@@ -1,5 +1,5 @@
 """Token-id prompts (infer.requested prompt_token_ids, what the Tinker API's SamplingClient.sample
-sends) on real Kafka, Cassandra and the session's vLLM engine (max_model_len 128): the ids run
+sends) on real Kafka, Cassandra and the session's vLLM engine (max_model_len 512): the ids run
 as sent (HF + PEFT agrees on the same ids), the answer carries the sampled ids and their
 logprobs, and an id outside the vocabulary or a prompt past the context fails alone, in a wave
 whose other requests are answered."""
@@ -44,7 +44,7 @@ def test_token_prompts_run_as_sent_and_bad_ones_fail_alone(
         [
             infer(t, "greedy", rev.revision, IDS),
             infer(t, "oov", rev.revision, [1, 2, vocab]),
-            infer(t, "long", rev.revision, [5] * 200),  # the context is 128
+            infer(t, "long", rev.revision, [5] * 700),  # the context is 512
             infer(t, "sampled", rev.revision, IDS, temperature=1.0, seed=7, max_tokens=8),
             infer(t, "text", rev.revision),
         ]
@@ -56,7 +56,7 @@ def test_token_prompts_run_as_sent_and_bad_ones_fail_alone(
     assert f"prompt_token_ids[2]={vocab}" in oov.error and f"vocabulary of {vocab}" in oov.error
     assert isinstance(long, InferFailed), long
     assert (long.stage, long.code) == ("validate", "context_length_exceeded")
-    assert "prompt has 200 tokens" in long.error
+    assert "prompt has 700 tokens" in long.error
     # Neither bad request took another down: every good one was answered (below).
 
     greedy = answers["greedy"]
