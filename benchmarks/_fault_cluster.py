@@ -22,6 +22,7 @@ ROLLING = ("kafka-rolling", "cassandra-rolling")
 CLUSTER_FAULTS = NODE_FAULTS + ROLLING
 GAP_TARGET_S = 5.0
 NODES = 3
+KILLED: list[str] = []  # the nodes the node faults killed, in order, for the JSON line
 
 
 def cluster_settings(base, ports: dict[str, int]):
@@ -71,8 +72,12 @@ def inject(fault: str, settings, down_s: float) -> threading.Thread | None:
 
     kind = fault.split("-")[0]
     if fault in NODE_FAULTS:
-        node = f"{kind}-1"  # the first contact point of every client, and a seed
+        # A broker: the active KRaft controller, the worst case (an election comes before the
+        # dead broker is fenced and its leaderships move). A Cassandra node: the first contact
+        # point of every client, and a seed.
+        node = (kafka_controller(settings) if kind == "kafka" else None) or f"{kind}-1"
         print(f"  kill -9 {node}", file=sys.stderr, flush=True)
+        KILLED.append(node)
         launcher.kill(settings, node)
 
         def back() -> None:
@@ -88,6 +93,27 @@ def inject(fault: str, settings, down_s: float) -> threading.Thread | None:
         launcher.stop(settings, node)
         launcher.up(settings, only=(node,))
         (in_sync if kind == "kafka" else settled)(settings)
+
+
+def kafka_controller(settings) -> str | None:
+    """The broker that is the active KRaft controller: the leader of the newest epoch among
+    the nodes' ``quorum-state`` files (each node's view of the metadata quorum)."""
+    import json
+
+    from mint.dev import launcher
+
+    best: tuple[int, int] | None = None
+    for svc in launcher.services(settings).values():
+        state = svc.home / "kafka-data" / "__cluster_metadata-0" / "quorum-state"
+        if svc.kind != "kafka" or not state.exists():
+            continue
+        try:
+            q = json.loads(state.read_text())
+        except (OSError, ValueError):  # being rewritten: the other nodes tell
+            continue
+        if q.get("leaderId", -1) >= 0 and (best is None or q["leaderEpoch"] > best[0]):
+            best = (q["leaderEpoch"], q["leaderId"])
+    return None if best is None else f"kafka-{best[1]}"
 
 
 def in_sync(settings, timeout_s: float = 120.0) -> None:

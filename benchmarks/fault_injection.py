@@ -169,6 +169,8 @@ def run(
         recovery: dict[str, float] = {}
         breakdown: dict[str, dict[str, float]] = {}
         for i, fault in enumerate(faults):
+            # a fault named more than once (--faults kafka-node,kafka-node) is kept per round
+            key = fault if faults.count(fault) == 1 else f"{fault}#{faults[: i + 1].count(fault)}"
             cmd = client.send(
                 POLICY,
                 UpdateRequested(
@@ -205,11 +207,11 @@ def run(
                     what=f"the answer to {p}",
                 ),
             )
-            recovery[fault] = round(time.monotonic() - t_kill, 1)
+            recovery[key] = round(time.monotonic() - t_kill, 1)
             if restart is not None:  # a cluster node: back before the round's end
                 restart.join()
-            gaps[fault] = clock.longest_gap(t_kill, time.monotonic())
-            breakdown[fault] = {
+            gaps[key] = clock.longest_gap(t_kill, time.monotonic())
+            breakdown[key] = {
                 "update_exported_s": round(exported_s, 1),
                 "probe_answered_s": round(time.monotonic() - t_kill, 1),
             }
@@ -264,6 +266,7 @@ def run(
         out["met"] = {k: out[k] == v for k, v in TARGETS.items()}
         if cluster:
             out["met"]["longest_answer_gap_s"] = max(gaps.values()) <= _fault_cluster.GAP_TARGET_S
+            out["killed"] = list(_fault_cluster.KILLED)  # kafka-node: the active controller
     finally:
         if traffic is not None:
             traffic.halt.set()

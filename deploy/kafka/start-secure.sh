@@ -102,6 +102,7 @@ broker.heartbeat.interval.ms=500
 broker.session.timeout.ms=2000
 controller.quorum.fetch.timeout.ms=1000
 controller.quorum.election.timeout.ms=500
+controller.quorum.election.backoff.max.ms=200
 replica.lag.time.max.ms=5000
 CONF
 

@@ -33,13 +33,16 @@ VENDORED_JVM = PROJECT_ROOT.parent / "shared" / "vendor" / "jvm"
 # How fast a cluster notices a broker is gone (deploy/kafka/start-secure.sh writes the same).
 # A killed broker's partitions have no leader until the active controller fences it: its
 # session (default 9 s) and, when the killed broker was the active controller, a new election
-# first (the voters' fetch timeout, default 2 s, then the election's). A follower in the ISR that
-# stops fetching holds every acks=all write until it is dropped (default 30 s).
+# first (the voters' fetch timeout, default 2 s, then the election's). The two voters left
+# notice together and often split the vote; each then backs off a random time up to the
+# election backoff (default 1 s) before asking again. A follower in the ISR that stops
+# fetching holds every acks=all write until it is dropped (default 30 s).
 CLUSTER_BROKER_TIMINGS = {
     "broker.heartbeat.interval.ms": "500",
     "broker.session.timeout.ms": "2000",
     "controller.quorum.fetch.timeout.ms": "1000",
     "controller.quorum.election.timeout.ms": "500",
+    "controller.quorum.election.backoff.max.ms": "200",
     "replica.lag.time.max.ms": "5000",
 }
 
