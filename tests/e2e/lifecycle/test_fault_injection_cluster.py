@@ -1,9 +1,9 @@
 """benchmarks/fault_injection.py --cluster --smoke: three Kafka brokers and three Cassandra nodes
 (its own, on 127.0.0.1-3), the lifecycle under steady traffic while one broker (the active
-KRaft controller) and then one Cassandra node are killed -9 and started again. Nothing may be lost, duplicated or
-dead-lettered, the catalog must equal a replay of the log, and the traffic must not see an
-outage: one node each, the same kills stop answers for 20 to 42 s (the broker or the database
-is gone until it is back); here the other two nodes carry on.
+KRaft controller) and then one Cassandra node are killed -9 and started again. Nothing may be
+lost, duplicated or dead-lettered, the catalog must equal a replay of the log, and the traffic
+must not see an outage: one node each, the same kills stop answers for 20 to 42 s (the broker
+or the database is gone until it is back); here the other two nodes carry on.
 
 The gap bound asserted is the benchmark's own target's order of magnitude with room for a
 loaded 2-core machine (15 s, against the 5 s target that full runs judge): a cluster that did
