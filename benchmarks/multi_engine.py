@@ -232,6 +232,8 @@ def run_once(
             + ", ".join(f"{e}: {sorted(p)}" for e, p in sorted(members.items()))
         )
         fig = drive(settings, engines, adapters, plan, waves, label=label)
+        members = engines.members()  # {} while it rebalances: nobody counted out
+        fig["engines_out_of_group"] = sorted(set(plan.engine_ids) - set(members)) if members else []
         if idle := [e for e in plan.engine_ids if not fig["answered_by_engine"].get(e)]:
             say(  # why (CI keeps only stderr): where each engine waits, and its log's end
                 f"[red]{label}{', '.join(idle)} answered nothing; the engines' stacks and logs:"

@@ -12,7 +12,13 @@ watches each partition it owns from what the client already knows locally (no br
   resolve for 90 s (kept over a rebalance, its committed offset never comes back: the engine
   of a sweep benchmark sat on 100 requests that way for 5 minutes);
 - **not handed out**: the high watermark is ahead of the position and the position has not
-  moved for ``limit_s`` while polls went on.
+  moved for ``limit_s`` while polls went on;
+- **no heartbeat** (a group member): it believes it is in its group, yet no heartbeat has been
+  answered for ``silent_s`` (60 s; the session is 10 s). kafka-python 3.0.x can lose its group
+  coordinator and never find it again: every poll then waits for the coordinator and fetches
+  nothing, so the high watermark it knows goes stale and the partitions look caught up. Seen
+  in CI: an engine of the multi-engine smoke answered nothing (its stacks: in
+  ``ensure_coordinator_ready``) while the other took its partitions.
 
 A paused partition (an outage waited out) is not watched. ``limit_s`` (90 s) is past
 kafka-python's transaction timeout (60 s): a ``read_committed`` consumer stops at an open
@@ -45,13 +51,15 @@ class _Seen:
 
 @dataclass(frozen=True)
 class Stall:
-    partition: TopicPartition
-    reason: str  # "never_fetched" | "no_position" | "not_handed_out"
+    partition: TopicPartition | None  # None: the member itself (no_heartbeat)
+    reason: str  # "never_fetched" | "no_position" | "not_handed_out" | "no_heartbeat"
     for_s: float
     position: int | None
     highwater: int | None
 
     def describe(self) -> str:
+        if self.partition is None:
+            return f"group member: no heartbeat answered for {self.for_s:.0f} s"
         tp = f"{self.partition.topic}[{self.partition.partition}]"
         if self.reason == "never_fetched":
             return f"{tp}: assigned {self.for_s:.0f} s ago and never fetched"
@@ -76,8 +84,13 @@ class StallWatch:
         every_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         unresolved_s: float | None = None,
+        silent_s: float = 60.0,
     ) -> None:
         self.limit_s, self.every_s, self.clock = limit_s, every_s, clock
+        # Past the 10 s session (the broker dropped the member long since) and past the 20-42 s
+        # a one-node broker is away in the fault-injection runs (the client comes back itself).
+        self.silent_s = silent_s
+        self._stable_since: float | None = None
         # Never fetched, or no position: the same 90 s by default. Shorter would recover sooner
         # but would also catch slow rebalances on a loaded machine (a new client is a rebalance
         # more, and a held request's redelivery).
@@ -91,6 +104,7 @@ class StallWatch:
         """A new consumer (or assignment): every partition starts its clock again."""
         self._seen.clear()
         self._returned.clear()
+        self._stable_since = None
 
     def check(
         self, consumer: KafkaConsumer, returned: Iterable[TopicPartition] = ()
@@ -141,7 +155,24 @@ class StallWatch:
                 reason, limit = "not_handed_out", self.limit_s
             if waited >= limit:
                 stalls.append(Stall(tp, reason, waited, position, high))
+        if (silent := self._silent_member(consumer, now)) is not None:
+            stalls.append(silent)
         return stalls
+
+    def _silent_member(self, consumer: KafkaConsumer, now: float) -> Stall | None:
+        """A member that believes its group is stable but whose heartbeats go unanswered.
+        Reads kafka-python's coordinator state (no public API); a client without it is not
+        watched this way. Both clocks are ``time.monotonic`` unless a test fakes them."""
+        coordinator = getattr(consumer, "_coordinator", None)
+        heartbeat = getattr(coordinator, "heartbeat", None)
+        grouped = (getattr(consumer, "config", None) or {}).get("group_id") is not None
+        if heartbeat is None or not grouped or not coordinator.stable():
+            self._stable_since = None  # unjoined or rebalancing: heartbeats pause meanwhile
+            return None
+        if self._stable_since is None:
+            self._stable_since = now
+        silent = now - max(heartbeat.last_receive, self._stable_since)
+        return Stall(None, "no_heartbeat", silent, None, None) if silent >= self.silent_s else None
 
 
 def report(reader: str, stalls: list[Stall]) -> None:

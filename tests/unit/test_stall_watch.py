@@ -126,3 +126,54 @@ def test_a_position_that_never_resolves_after_a_fetch_stalls() -> None:
     [stall] = polls(watch, consumer, clock, 2)
     assert (stall.reason, stall.position, stall.highwater) == ("no_position", None, 35)
     assert "position has not resolved" in stall.describe()
+
+
+class FakeHeartbeat:
+    def __init__(self) -> None:
+        self.last_receive = float("-inf")
+
+
+class FakeCoordinator:
+    def __init__(self) -> None:
+        self.heartbeat, self.is_stable = FakeHeartbeat(), True
+
+    def stable(self) -> bool:
+        return self.is_stable
+
+
+def grouped(*owned: TopicPartition) -> FakeConsumer:
+    consumer = FakeConsumer(*owned)
+    consumer.config = {"group_id": "mint-serving"}
+    consumer._coordinator = FakeCoordinator()
+    return consumer
+
+
+def test_a_stable_member_whose_heartbeats_go_unanswered_is_replaced() -> None:
+    """kafka-python lost its coordinator: polls fetch nothing, the stale high watermark makes
+    the partition look caught up, so only the silent heartbeats tell."""
+    clock, consumer = Clock(), grouped(TP0)
+    consumer.high[TP0], consumer.pos[TP0] = 40, 40  # caught up, as far as the client knows
+    watch = StallWatch(limit_s=90, clock=clock, silent_s=60)
+    for _ in range(100):  # answered every 3 s: never silent
+        clock.now += 3
+        consumer._coordinator.heartbeat.last_receive = clock.now
+        assert watch.check(consumer) == []
+    assert polls(watch, consumer, clock, 59) == []
+    [stall] = polls(watch, consumer, clock, 2)
+    assert (stall.partition, stall.reason) == (None, "no_heartbeat")
+    assert stall.describe() == "group member: no heartbeat answered for 61 s"
+
+
+def test_heartbeats_are_not_expected_while_the_group_rebalances_or_without_a_group() -> None:
+    clock, consumer = Clock(), grouped(TP0)
+    consumer.high[TP0], consumer.pos[TP0] = 40, 40
+    watch = StallWatch(limit_s=90, clock=clock, silent_s=60)
+    consumer._coordinator.is_stable = False  # joining: kafka-python pauses heartbeats
+    assert polls(watch, consumer, clock, 300) == []
+    consumer._coordinator.is_stable = True  # joined: the clock starts now
+    assert polls(watch, consumer, clock, 59) == []
+    assert [s.reason for s in polls(watch, consumer, clock, 2)] == ["no_heartbeat"]
+    watch.reset()  # a new client
+    assert polls(watch, consumer, clock, 59) == []
+    consumer.config = {"group_id": None}  # a follower: no group, no heartbeats
+    assert polls(watch, consumer, clock, 300) == []
