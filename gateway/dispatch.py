@@ -15,7 +15,7 @@ from gateway.deltas import Answers, DeltaRouter
 from gateway.errors import Unavailable
 from gateway.metrics import GatewayMetrics
 from gateway.replies import ReplyRouter
-from gateway.responses import no_answer
+from gateway.responses import no_answer, not_queued
 from schemas.envelope import Envelope, make_event
 from schemas.events import InferCancel, InferRequested
 from schemas.registry import encode_event
@@ -90,10 +90,11 @@ class KafkaEngines:
         try:
             async with asyncio.timeout(timeout_s):
                 await asyncio.gather(*(self._send(env) for env in envs))
-        except TimeoutError:
+        except TimeoutError:  # not an engine's silence: the request never reached one
             answers.close()
             self.metrics.timeouts.inc()
-            raise no_answer(timeout_s, self.retry_after_s) from None
+            log.warning("Kafka did not confirm requests", count=len(envs), timeout_s=timeout_s)
+            raise not_queued(timeout_s, self.retry_after_s) from None
         except Exception as e:  # the broker did not confirm: nothing was asked
             answers.close()
             raise Unavailable(

@@ -79,6 +79,15 @@ def check_choices(p: InferCompleted, n: int) -> list[InferChoice]:
     return got
 
 
+def not_queued(timeout_s: float, retry_after_s: int) -> Unavailable:
+    """The 503 of an ask Kafka did not confirm within the answer timeout: no engine saw it."""
+    return Unavailable(
+        f"Kafka did not confirm the request within {timeout_s:g} s, so no engine has it; "
+        "the brokers may be away: retry later",
+        headers={"Retry-After": str(retry_after_s)},
+    )
+
+
 def no_answer(timeout_s: float, retry_after_s: int) -> Unavailable:
     """The 503 of an ask no engine answered within the gateway's answer timeout."""
     return Unavailable(

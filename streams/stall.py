@@ -18,7 +18,11 @@ watches each partition it owns from what the client already knows locally (no br
   coordinator and never find it again: every poll then waits for the coordinator and fetches
   nothing, so the high watermark it knows goes stale and the partitions look caught up. Seen
   in CI: an engine of the multi-engine smoke answered nothing (its stacks: in
-  ``ensure_coordinator_ready``) while the other took its partitions.
+  ``ensure_coordinator_ready``) while the other took its partitions;
+- **no coordinator** (a group member): it has known no group coordinator for ``silent_s``,
+  whatever it believes of its group (the same limbo met while joining or rebalancing, where
+  heartbeats pause and the rule above cannot tell). A broker away that long is waited out all
+  the same: a new client cannot be made then, and the old one is kept and watched again.
 
 A paused partition (an outage waited out) is not watched. ``limit_s`` (90 s) is past
 kafka-python's transaction timeout (60 s): a ``read_committed`` consumer stops at an open
@@ -51,13 +55,15 @@ class _Seen:
 
 @dataclass(frozen=True)
 class Stall:
-    partition: TopicPartition | None  # None: the member itself (no_heartbeat)
-    reason: str  # "never_fetched" | "no_position" | "not_handed_out" | "no_heartbeat"
+    partition: TopicPartition | None  # None: the member itself (no_heartbeat, no_coordinator)
+    reason: str  # never_fetched | no_position | not_handed_out | no_heartbeat | no_coordinator
     for_s: float
     position: int | None
     highwater: int | None
 
     def describe(self) -> str:
+        if self.reason == "no_coordinator":
+            return f"group member: no group coordinator known for {self.for_s:.0f} s"
         if self.partition is None:
             return f"group member: no heartbeat answered for {self.for_s:.0f} s"
         tp = f"{self.partition.topic}[{self.partition.partition}]"
@@ -91,6 +97,7 @@ class StallWatch:
         # a one-node broker is away in the fault-injection runs (the client comes back itself).
         self.silent_s = silent_s
         self._stable_since: float | None = None
+        self._coordinator_lost: float | None = None  # when the member last knew none
         # Never fetched, or no position: the same 90 s by default. Shorter would recover sooner
         # but would also catch slow rebalances on a loaded machine (a new client is a rebalance
         # more, and a held request's redelivery).
@@ -105,6 +112,7 @@ class StallWatch:
         self._seen.clear()
         self._returned.clear()
         self._stable_since = None
+        self._coordinator_lost = None
 
     def check(
         self, consumer: KafkaConsumer, returned: Iterable[TopicPartition] = ()
@@ -160,13 +168,24 @@ class StallWatch:
         return stalls
 
     def _silent_member(self, consumer: KafkaConsumer, now: float) -> Stall | None:
-        """A member that believes its group is stable but whose heartbeats go unanswered.
+        """A member that has known no coordinator for ``silent_s``, or that believes its group
+        is stable but whose heartbeats go unanswered.
         Reads kafka-python's coordinator state (no public API); a client without it is not
         watched this way. Both clocks are ``time.monotonic`` unless a test fakes them."""
         coordinator = getattr(consumer, "_coordinator", None)
         heartbeat = getattr(coordinator, "heartbeat", None)
         grouped = (getattr(consumer, "config", None) or {}).get("group_id") is not None
-        if heartbeat is None or not grouped or not coordinator.stable():
+        if heartbeat is None or not grouped:
+            return None
+        # coordinator_id, not coordinator_unknown(): that one marks a disconnected coordinator
+        # dead as a side effect.
+        if getattr(coordinator, "coordinator_id", None) is not None:
+            self._coordinator_lost = None
+        elif self._coordinator_lost is None:
+            self._coordinator_lost = now
+        elif (lost := now - self._coordinator_lost) >= self.silent_s:
+            return Stall(None, "no_coordinator", lost, None, None)
+        if not coordinator.stable():
             self._stable_since = None  # unjoined or rebalancing: heartbeats pause meanwhile
             return None
         if self._stable_since is None:

@@ -226,7 +226,8 @@ class Workers:
         if running:
             time.sleep(1.0)
         parts = []
-        for log in sorted(self.log_dir.glob("*.log")):
+        # Others' logs first, the workers' own last: the end of a cut report shows a worker's stacks.
+        for log in sorted(self.log_dir.glob("*.log"), key=lambda f: (f.stem in self.procs, f.stem)):
             p = self.procs.get(log.stem)
             state = "stopped" if p is None else p.poll()
             state = "running" if state is None else state

@@ -136,6 +136,7 @@ class FakeHeartbeat:
 class FakeCoordinator:
     def __init__(self) -> None:
         self.heartbeat, self.is_stable = FakeHeartbeat(), True
+        self.coordinator_id: int | str | None = 1
 
     def stable(self) -> bool:
         return self.is_stable
@@ -177,3 +178,24 @@ def test_heartbeats_are_not_expected_while_the_group_rebalances_or_without_a_gro
     assert polls(watch, consumer, clock, 59) == []
     consumer.config = {"group_id": None}  # a follower: no group, no heartbeats
     assert polls(watch, consumer, clock, 300) == []
+
+
+def test_a_member_that_knows_no_coordinator_for_a_minute_is_replaced_even_while_joining() -> None:
+    """The coordinator limbo met while joining: heartbeats pause then, so only the lost
+    coordinator tells. A coordinator found again within the minute starts the clock over."""
+    clock, consumer = Clock(), grouped(TP0)
+    consumer.high[TP0], consumer.pos[TP0] = 40, 40
+    watch = StallWatch(limit_s=90, clock=clock, silent_s=60)
+    consumer._coordinator.is_stable = False
+    assert polls(watch, consumer, clock, 300) == []  # a long join with a coordinator: fine
+    consumer._coordinator.coordinator_id = None
+    assert polls(watch, consumer, clock, 50) == []
+    consumer._coordinator.coordinator_id = "coordinator-1"  # found again
+    assert polls(watch, consumer, clock, 5) == []
+    consumer._coordinator.coordinator_id = None
+    assert polls(watch, consumer, clock, 59) == []
+    [stall] = polls(watch, consumer, clock, 2)
+    assert (stall.partition, stall.reason) == (None, "no_coordinator")
+    assert stall.describe() == "group member: no group coordinator known for 60 s"
+    watch.reset()  # a new client: its own minute
+    assert polls(watch, consumer, clock, 59) == []
