@@ -15,7 +15,8 @@ fixed set of topics), ``outcome`` and ``reason`` are closed sets (``reason`` is
 - ``mint_consumer_held_records{group}``: records read but held uncommitted until their work is
   done (a serving request waiting for its cold load);
 - ``mint_consumer_restarts_total{group,reason}``: consumers a loop replaced because a partition
-  stalled (streams.stall; ``reason`` never_fetched, no_position, not_handed_out or no_heartbeat).
+  stalled (streams.stall; ``reason`` never_fetched, no_position, not_handed_out, no_heartbeat or
+  no_coordinator).
 
 (``mint_consumer_waiting_out_outage{group}`` is in streams.health.)
 """
