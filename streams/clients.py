@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
@@ -37,7 +38,27 @@ def _servers(settings: MintSettings) -> list[str]:
     return [s.strip() for s in settings.kafka_bootstrap.split(",")]
 
 
+def _listening(address: str) -> bool:
+    """Whether something accepts TCP connections at ``host:port`` (within a second)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
 def _unavailable(settings: MintSettings, e: Exception) -> KafkaUnavailable:
+    """Why no client could be made: no broker there, or (kafka-python retries a refused login
+    until its bootstrap timeout, then says only that) one that would not let this client in."""
+    if any(_listening(a) for a in _servers(settings)):
+        who = f"as {settings.kafka_username!r} " if settings.kafka_username else ""
+        return KafkaUnavailable(
+            f"Kafka at {settings.kafka_bootstrap} accepts connections but did not let this "
+            f"client in {who}over {settings.kafka_security_protocol}: check the credentials "
+            "and the protocol (MINT_KAFKA_SECURITY_PROTOCOL, MINT_KAFKA_USERNAME, "
+            f"MINT_KAFKA_PASSWORD(_FILE)), or the broker is still starting ({e})"
+        )
     return KafkaUnavailable(
         f"no Kafka broker at {settings.kafka_bootstrap}: start one with `mint dev up` "
         f"or point MINT_KAFKA_BOOTSTRAP at your cluster ({e})"

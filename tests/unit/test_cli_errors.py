@@ -110,3 +110,24 @@ def test_mint_version_prints_the_package_version() -> None:
 
     result = CliRunner().invoke(main, ["--version"])
     assert result.exit_code == 0 and result.output == f"mint {__version__}\n"
+
+
+def test_a_broker_that_refuses_the_login_is_not_called_absent() -> None:
+    """kafka-python says only "Unable to bootstrap" for both; the port tells them apart."""
+    import socket
+
+    from kafka.errors import KafkaTimeoutError
+
+    from schemas.settings import MintSettings
+    from streams.clients import _unavailable
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        there = MintSettings(kafka_bootstrap=f"127.0.0.1:{port}")
+        e = _unavailable(there, KafkaTimeoutError("Unable to bootstrap"))
+        assert str(e).startswith(f"Kafka at 127.0.0.1:{port} accepts connections but did not")
+        assert "check the credentials and the protocol" in str(e)
+    gone = _unavailable(there, KafkaTimeoutError("Unable to bootstrap"))
+    assert str(gone).startswith(f"no Kafka broker at 127.0.0.1:{port}: start one")

@@ -86,7 +86,8 @@ def publish_error(settings: MintSettings, env=None, topic: str | None = None) ->
     from streams import EventProducer
 
     try:
-        with EventProducer(settings, max_block_ms=5000) as p:
+        # 5 s to bootstrap, not 30: kafka-python retries a refused login until then
+        with EventProducer(settings, max_block_ms=5000, bootstrap_timeout_ms=5000) as p:
             if topic is not None:
                 p.send_raw(topic, b"{}", b"acme/p", timeout_s=10)
             else:
@@ -104,7 +105,10 @@ def test_kafka_refuses_no_credentials_and_a_wrong_password(secure) -> None:
     wrong = as_(secure, "upstream").model_copy(
         update={"kafka_password_file": None, "kafka_password": SecretStr("not-it")}
     )
-    assert publish_error(wrong, infer_request()) is not None
+    refused = publish_error(wrong, infer_request())
+    # what the user is told: the broker is there, the login is what failed
+    assert "did not let this client in as 'upstream'" in str(refused), refused
+    assert "check the credentials" in str(refused)
     assert publish_error(as_(secure, "upstream"), infer_request()) is None  # the right one
 
 
