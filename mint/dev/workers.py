@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -231,8 +232,8 @@ class Workers:
             p = self.procs.get(log.stem)
             state = "stopped" if p is None else p.poll()
             state = "running" if state is None else state
-            text = log.read_text(errors="replace")[-tail_chars:]
-            parts.append(f"===== {log.stem} ({state}) =====\n{text}")
+            before, stacks = split_stacks(log.read_text(errors="replace"))
+            parts.append(f"===== {log.stem} ({state}) =====\n{before[-tail_chars:]}{stacks}")
         return "\n".join(parts)
 
 
@@ -261,3 +262,30 @@ def wait_projected(settings: MintSettings, repo: Any, timeout_s: float = 60.0) -
             )
         time.sleep(0.5)
     return len(ids)
+
+
+_THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+", re.M)
+
+
+def split_stacks(text: str, frames: int = 4) -> tuple[str, str]:
+    """A log's text before its last thread dump (faulthandler's, after SIGUSR1), and that dump
+    condensed: per thread the innermost ``frames`` frames (where it waits) and every frame of
+    MinT's own code (how it got there), so that a dozen of vLLM's threads fit in a CI log."""
+    starts = [m.start() for m in _THREAD.finditer(text)]
+    if not starts:
+        return text, ""
+    first = len(starts) - 1  # back to the first thread with only stack lines after it
+    while first > 0 and all(
+        not ln.strip() or ln.startswith("  File ")
+        for ln in text[starts[first - 1] : starts[first]].splitlines()[1:]
+    ):
+        first -= 1
+    blocks = [text[a:b] for a, b in zip(starts[first:], [*starts[first + 1 :], None], strict=True)]
+    out = []
+    for block in blocks:
+        header, *rest = block.splitlines()
+        calls = [ln for ln in rest if ln.startswith("  File ")]
+        ours = [ln for ln in calls[frames:] if "-packages/" not in ln and "/lib/python" not in ln]
+        more = ["  …"] if len(calls) > frames else []
+        out.append("\n".join([header, *calls[:frames], *more, *ours]))
+    return text[: starts[first]], "\n".join(out) + "\n"

@@ -32,7 +32,7 @@ def test_serving_vs_vllm_smoke(kafka_ready, cassandra_cluster) -> None:
         cwd=ROOT,
     )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    assert len(lines) == 1, proc.stderr[-12000:]
+    assert len(lines) == 1, proc.stderr[-16000:]
     r = json.loads(lines[0])
     assert r["benchmark"] == "serving_vs_vllm" and r["smoke"] is True
     assert r["load"] == {

@@ -27,7 +27,7 @@ def run_benchmark(name: str) -> dict:
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     assert len(lines) == 1, proc.stdout[-2000:]
-    return {**json.loads(lines[0]), "_stderr": proc.stderr[-8000:]}
+    return {**json.loads(lines[0]), "_stderr": proc.stderr[-16000:]}
 
 
 def test_handoff_latency_smoke() -> None:

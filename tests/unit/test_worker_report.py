@@ -1,0 +1,49 @@
+"""Workers.report's thread dumps, condensed so that a CI log shows where each thread waits."""
+
+from __future__ import annotations
+
+from mint.dev.workers import split_stacks
+
+SITE = "/v/.venv/lib/python3.11/site-packages"
+LOG = f"""{{"event": "partitions assigned"}}
+Thread 0x00007f01 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 320 in wait
+  File "{SITE}/kafka/net/selector.py", line 330 in run
+  File "{SITE}/kafka/coordinator/base.py", line 339 in ensure_coordinator_ready
+  File "{SITE}/kafka/coordinator/consumer.py", line 403 in poll
+  File "{SITE}/kafka/consumer/group.py", line 844 in _poll_once
+  File "/repo/streams/polling.py", line 34 in poll_records
+  File "/repo/workers/serving/worker.py", line 315 in step
+
+{{"event": "a line between two dumps"}}
+Current thread 0x00007f02 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 320 in wait
+  File "{SITE}/kafka/net/selector.py", line 330 in run
+  File "{SITE}/kafka/coordinator/base.py", line 339 in ensure_coordinator_ready
+  File "{SITE}/kafka/coordinator/consumer.py", line 403 in poll
+  File "{SITE}/kafka/consumer/group.py", line 844 in _poll_once
+  File "/repo/streams/polling.py", line 34 in poll_records
+  File "/repo/workers/serving/worker.py", line 315 in step
+
+Thread 0x00007f03 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 320 in wait
+"""
+
+
+def test_the_last_dump_is_condensed_to_where_each_thread_waits_and_our_own_frames() -> None:
+    before, stacks = split_stacks(LOG, frames=2)
+    assert before.endswith('{"event": "a line between two dumps"}\n')  # the first dump is log
+    assert stacks.splitlines() == [
+        "Current thread 0x00007f02 (most recent call first):",
+        '  File "/usr/lib/python3.11/threading.py", line 320 in wait',
+        f'  File "{SITE}/kafka/net/selector.py", line 330 in run',
+        "  …",
+        '  File "/repo/streams/polling.py", line 34 in poll_records',
+        '  File "/repo/workers/serving/worker.py", line 315 in step',
+        "Thread 0x00007f03 (most recent call first):",
+        '  File "/usr/lib/python3.11/threading.py", line 320 in wait',
+    ]
+
+
+def test_a_log_without_a_dump_is_left_whole() -> None:
+    assert split_stacks('{"event": "x"}\n') == ('{"event": "x"}\n', "")
