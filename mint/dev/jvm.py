@@ -72,10 +72,15 @@ def resolve_jars(name: str, settings: MintSettings) -> Path:
         if not any(Path(configured).glob("*.jar")):
             raise LauncherError(f"MINT_{name.upper()}_JARS={configured} holds no .jar files")
         return Path(configured)
+    return _local_jars(name, settings) or _maven_fetch(name, settings.state_dir / "jars" / name)
+
+
+def _local_jars(name: str, settings: MintSettings) -> Path | None:
+    """The vendored or cached jar folder for ``name``, if there is one (no fetching)."""
     for candidate in (VENDORED_JVM / name, settings.state_dir / "jars" / name):
         if any(candidate.glob("*.jar")):
             return candidate
-    return _maven_fetch(name, settings.state_dir / "jars" / name)
+    return None
 
 
 def _maven_fetch(name: str, dest: Path) -> Path:
@@ -155,8 +160,9 @@ def kafka_command(settings: MintSettings, svc: Service, java: str) -> list[str]:
         os.chmod(props, 0o600)  # it holds the broker's own password
     common = [
         "-cp",
-        f"{jars}/*",
+        ":".join([f"{jars}/*", *map(str, _slf4j1_binding(jars, settings))]),
         f"-Dlog4j2.configurationFile={SERVICE_CONFIGS / 'log4j2.xml'}",
+        f"-Dlogback.configurationFile={SERVICE_CONFIGS / 'kafka-logback.xml'}",
         f"-Dkafka.logs.dir={svc.log_file.parent}",
     ]
     if not (svc.home / "kafka-data" / "meta.properties").exists():
@@ -171,6 +177,21 @@ def kafka_command(settings: MintSettings, svc: Service, java: str) -> list[str]:
             raise LauncherError(f"kafka storage format failed:\n{fmt.stdout}{fmt.stderr}")
     heap = f"{settings.kafka_heap_mb}m"
     return [java, f"-Xms{heap}", f"-Xmx{heap}", *common, "kafka.Kafka", str(props)]
+
+
+def _slf4j1_binding(jars: Path, settings: MintSettings) -> list[Path]:
+    """Logback's jars for a Kafka folder whose slf4j-api is 1.x with no 1.x binding (the
+    vendored one: its only binding is for slf4j 2, so the broker logged nothing at all). They
+    come from the Cassandra folder, which binds slf4j 1.7 with logback; none when absent."""
+    if not any(jars.glob("slf4j-api-1.*.jar")) or any(jars.glob("logback-classic-*.jar")):
+        return []
+    cassandra = settings.cassandra_jars or _local_jars("cassandra", settings)
+    if cassandra is None:
+        return []
+    found = [
+        sorted(Path(cassandra).glob(f"logback-{part}-1.*.jar")) for part in ("classic", "core")
+    ]
+    return [jars_of[-1] for jars_of in found] if all(found) else []
 
 
 def _cluster_id(svc: Service, java: str, jars: Path) -> str:

@@ -226,7 +226,7 @@ class Workers:
                 os.kill(p.pid, signal.SIGUSR1)
         if running:
             time.sleep(1.0)
-        parts = []
+        parts = [broker_lines(self.settings, tail_chars)]
         # Others' logs first, the workers' own last: the end of a cut report shows a worker's stacks.
         for log in sorted(self.log_dir.glob("*.log"), key=lambda f: (f.stem in self.procs, f.stem)):
             p = self.procs.get(log.stem)
@@ -262,6 +262,21 @@ def wait_projected(settings: MintSettings, repo: Any, timeout_s: float = 60.0) -
             )
         time.sleep(0.5)
     return len(ids)
+
+
+def broker_lines(settings: MintSettings, tail_chars: int = 3000) -> str:
+    """The local broker's log lines that name this run's topics or groups (its topic prefix):
+    joins, rebalances and members dropped, as the group coordinator saw them."""
+    from mint.dev.launcher import services
+
+    kafka = next(s for s in services(settings).values() if s.kind == "kafka")
+    try:
+        text = kafka.log_file.read_text(errors="replace")
+    except OSError:
+        return f"===== {kafka.name} =====\n(no broker log at {kafka.log_file})"
+    mine = [ln for ln in text.splitlines() if settings.topic_prefix in ln]
+    tail = "\n".join(mine)[-tail_chars:]
+    return f"===== {kafka.name} (lines naming {settings.topic_prefix}) =====\n{tail}"
 
 
 _THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+", re.M)

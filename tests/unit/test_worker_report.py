@@ -47,3 +47,23 @@ def test_the_last_dump_is_condensed_to_where_each_thread_waits_and_our_own_frame
 
 def test_a_log_without_a_dump_is_left_whole() -> None:
     assert split_stacks('{"event": "x"}\n') == ('{"event": "x"}\n', "")
+
+
+def test_the_broker_lines_are_those_that_name_the_run(tmp_path) -> None:
+    from mint.dev.workers import broker_lines
+    from schemas.settings import MintSettings
+
+    settings = MintSettings(state_dir=tmp_path, topic_prefix="svv1a2b3c")
+    assert "no broker log at" in broker_lines(settings)
+    log = tmp_path / "kafka" / "logs" / "server.log"
+    log.parent.mkdir(parents=True)
+    log.write_text(
+        "[t] INFO Preparing to rebalance group svv1a2b3c-serving (reason: new member)\n"
+        "[t] INFO Preparing to rebalance group other-serving\n"
+        "[t] INFO Member svv-engine left group svv1a2b3c-serving\n"
+    )
+    assert broker_lines(settings).splitlines() == [
+        "===== kafka (lines naming svv1a2b3c) =====",
+        "[t] INFO Preparing to rebalance group svv1a2b3c-serving (reason: new member)",
+        "[t] INFO Member svv-engine left group svv1a2b3c-serving",
+    ]
