@@ -269,11 +269,11 @@ def broker_lines(settings: MintSettings, tail_chars: int = 3000) -> str:
     joins, rebalances and members dropped, as the group coordinator saw them."""
     from mint.dev.launcher import services
 
-    kafka = next(s for s in services(settings).values() if s.kind == "kafka")
-    try:
+    try:  # part of a failure's report: it must not raise in its place
+        kafka = next(s for s in services(settings).values() if s.kind == "kafka")
         text = kafka.log_file.read_text(errors="replace")
-    except OSError:
-        return f"===== {kafka.name} =====\n(no broker log at {kafka.log_file})"
+    except (OSError, ValueError, StopIteration) as e:
+        return f"===== kafka =====\n(no local broker log: {type(e).__name__}: {e})"
     mine = [ln for ln in text.splitlines() if settings.topic_prefix in ln]
     tail = "\n".join(mine)[-tail_chars:]
     return f"===== {kafka.name} (lines naming {settings.topic_prefix}) =====\n{tail}"

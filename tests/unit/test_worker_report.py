@@ -54,7 +54,7 @@ def test_the_broker_lines_are_those_that_name_the_run(tmp_path) -> None:
     from schemas.settings import MintSettings
 
     settings = MintSettings(state_dir=tmp_path, topic_prefix="svv1a2b3c")
-    assert "no broker log at" in broker_lines(settings)
+    assert "no local broker log: FileNotFoundError" in broker_lines(settings)
     log = tmp_path / "kafka" / "logs" / "server.log"
     log.parent.mkdir(parents=True)
     log.write_text(
