@@ -65,6 +65,18 @@ TRANSIENT_DRIVER_ERRORS = (
 )
 
 
+# Protocol v5's CAS_WRITE_UNKNOWN, which the driver passes on as a bare ErrorMessage: a Paxos
+# round (an LWT, or a SERIAL read finishing one) was accepted by fewer than a quorum while a
+# node restarted. Its outcome is unknown, as after a CAS WriteTimeout: read again and retry.
+CAS_WRITE_UNKNOWN = 0x1700
+
+
+def _transient(error: BaseException) -> bool:
+    if isinstance(error, TRANSIENT_DRIVER_ERRORS):
+        return True
+    return isinstance(error, ErrorMessage) and getattr(error, "code", None) == CAS_WRITE_UNKNOWN
+
+
 def statement_text(stmt: Any) -> str:
     """The CQL of a statement as passed to ``session.execute``, for error messages."""
     if isinstance(stmt, BoundStatement):
@@ -89,7 +101,7 @@ def driver_error(
     says what happens after an outage (who retries)."""
     what = f"{type(error).__name__}: {error}"
     on = f" (statement: {statement_text(stmt)})" if stmt is not None else ""
-    if isinstance(error, TRANSIENT_DRIVER_ERRORS):
+    if _transient(error):
         return CatalogUnavailable(
             f"Cassandra did not answer a {doing}{on} ({what}); check `mint dev status` or the "
             f"cluster: {then}"

@@ -24,7 +24,7 @@ from cassandra import (
 )
 from cassandra.cluster import NoHostAvailable
 from cassandra.connection import ConnectionShutdown
-from cassandra.protocol import SyntaxException
+from cassandra.protocol import ErrorMessage, SyntaxException
 from cassandra.query import SimpleStatement
 
 from catalog.access import AccessRepository
@@ -91,6 +91,14 @@ SORTED = [
     (ReadTimeout("Operation timed out"), CatalogUnavailable),
     (WriteTimeout("Operation timed out", write_type=0), CatalogUnavailable),
     (OperationTimedOut("errors={}, last_host=10.0.0.1"), CatalogUnavailable),
+    (  # CAS_WRITE_UNKNOWN, met by the cluster smoke while a killed node came back
+        ErrorMessage(
+            0x1700,
+            "CAS operation result is unknown - proposal accepted by 1 but not a quorum.",
+            None,
+        ),
+        CatalogUnavailable,
+    ),
     (ConnectionShutdown("Connection to 10.0.0.1 was closed"), CatalogUnavailable),
     (Unauthorized(UNAUTHORIZED), CatalogUnauthorized),
     (InvalidRequest("unconfigured table worker_state"), CatalogRefused),
