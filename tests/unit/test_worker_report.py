@@ -5,25 +5,27 @@ from __future__ import annotations
 from mint.dev.workers import split_stacks
 
 SITE = "/v/.venv/lib/python3.11/site-packages"
+
+
+def waiting(header: str) -> str:
+    """One thread of a faulthandler dump: an engine's poll waiting for its coordinator."""
+    frames = [
+        '"/usr/lib/python3.11/threading.py", line 320 in wait',
+        f'"{SITE}/kafka/net/selector.py", line 330 in run',
+        f'"{SITE}/kafka/coordinator/base.py", line 339 in ensure_coordinator_ready',
+        f'"{SITE}/kafka/coordinator/consumer.py", line 403 in poll',
+        f'"{SITE}/kafka/consumer/group.py", line 844 in _poll_once',
+        '"/repo/streams/polling.py", line 34 in poll_records',
+        '"/repo/workers/serving/worker.py", line 315 in step',
+    ]
+    return "\n".join([f"{header} (most recent call first):", *(f"  File {f}" for f in frames)])
+
+
 LOG = f"""{{"event": "partitions assigned"}}
-Thread 0x00007f01 (most recent call first):
-  File "/usr/lib/python3.11/threading.py", line 320 in wait
-  File "{SITE}/kafka/net/selector.py", line 330 in run
-  File "{SITE}/kafka/coordinator/base.py", line 339 in ensure_coordinator_ready
-  File "{SITE}/kafka/coordinator/consumer.py", line 403 in poll
-  File "{SITE}/kafka/consumer/group.py", line 844 in _poll_once
-  File "/repo/streams/polling.py", line 34 in poll_records
-  File "/repo/workers/serving/worker.py", line 315 in step
+{waiting("Thread 0x00007f01")}
 
 {{"event": "a line between two dumps"}}
-Current thread 0x00007f02 (most recent call first):
-  File "/usr/lib/python3.11/threading.py", line 320 in wait
-  File "{SITE}/kafka/net/selector.py", line 330 in run
-  File "{SITE}/kafka/coordinator/base.py", line 339 in ensure_coordinator_ready
-  File "{SITE}/kafka/coordinator/consumer.py", line 403 in poll
-  File "{SITE}/kafka/consumer/group.py", line 844 in _poll_once
-  File "/repo/streams/polling.py", line 34 in poll_records
-  File "/repo/workers/serving/worker.py", line 315 in step
+{waiting("Current thread 0x00007f02")}
 
 Thread 0x00007f03 (most recent call first):
   File "/usr/lib/python3.11/threading.py", line 320 in wait
