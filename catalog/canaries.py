@@ -179,6 +179,31 @@ class Canaries:
         self._one(self._cas_end_canary, (tenant, policy, alias, canary_id))
         log.info("canary ended", ref=f"{tenant}/{policy}@{alias}")
 
+    def replay_canary_route(self: CatalogRepository, env: Envelope[Any]) -> None:
+        """Set or clear an alias's canary route as the controller did when it published
+        ``env`` (a rebuild: the live projector leaves routes to the controller, their one
+        writer, which may have ended a canary before the projector reads its start). A start
+        whose alias moved meanwhile is left inert, as the live route was."""
+        p = env.payload
+        if isinstance(p, CanaryEnded):
+            self.end_canary(env.tenant, env.policy, p.alias, p.canary_id)
+            return
+        try:
+            self.start_canary(
+                env.tenant,
+                env.policy,
+                p.alias,
+                p.revision,
+                p.share,
+                canary_id=p.canary_id,
+                expected=p.incumbent_revision,
+                by=p.requested_by,
+                reason=p.reason,
+                at=env.occurred_at,
+            )
+        except (AliasNotFound, Conflict) as e:
+            log.warning("replay: canary left inert", canary_id=str(p.canary_id), reason=str(e))
+
     def record_canary(self: CatalogRepository, env: Envelope[Any]) -> None:
         """Write a ``canary.started`` or ``canary.ended`` fact to ``canary_history``: by the
         controller that carried it out, and by the projector that reads it back (the same

@@ -63,9 +63,10 @@ class Outcome(StrEnum):
     IGNORED = "ignored"  # not a catalog event
 
 
-def apply_event(repo: CatalogRepository, env: Envelope[Any]) -> Outcome:
+def apply_event(repo: CatalogRepository, env: Envelope[Any], *, routes: bool = False) -> Outcome:
     """Apply one event to the catalog. Raises a CatalogError (a Conflict, NotFound, …) when the
-    event contradicts the catalog; the consumer dead-letters it with that message."""
+    event contradicts the catalog; the consumer dead-letters it with that message. ``routes``:
+    a rebuild, which also sets and clears canary routes (``replay_canary_route``)."""
     if env.type not in PROJECTED_TYPES:
         return Outcome.IGNORED
     if repo.is_applied(env.event_id):
@@ -73,14 +74,16 @@ def apply_event(repo: CatalogRepository, env: Envelope[Any]) -> Outcome:
     if isinstance(env.payload, ExportCompleted):
         revision = _apply_exports(repo, [env])[0].revision
     else:
-        revision = _apply_one(repo, env)
+        revision = _apply_one(repo, env, routes)
     repo.record_applied(
         env.event_id, env.type, env.tenant, env.policy, revision=revision, at=env.occurred_at
     )
     return Outcome.APPLIED
 
 
-def apply_events(repo: CatalogRepository, envs: Sequence[Envelope[Any]]) -> list[Outcome]:
+def apply_events(
+    repo: CatalogRepository, envs: Sequence[Envelope[Any]], *, routes: bool = False
+) -> list[Outcome]:
     """Apply one policy's run of events in order (what a poll brought for one key), as
     ``apply_event`` applies each: one read of applied_events for the run, each stretch of
     consecutive exports registered together (one lightweight transaction), the applied_events
@@ -106,7 +109,7 @@ def apply_events(repo: CatalogRepository, envs: Sequence[Envelope[Any]]) -> list
             revisions = [r.revision for r in _apply_exports(repo, stretch)]
         else:
             stretch = [env]
-            revisions = [_apply_one(repo, env)]
+            revisions = [_apply_one(repo, env, routes)]
         for e, revision in zip(stretch, revisions, strict=True):
             seen.add(e.event_id)
             applied.append(
@@ -164,9 +167,9 @@ def _registration(env: Envelope[Any], p: ExportCompleted) -> Registration:
     )
 
 
-def _apply_one(repo: CatalogRepository, env: Envelope[Any]) -> int | None:
+def _apply_one(repo: CatalogRepository, env: Envelope[Any], routes: bool) -> int | None:
     """A projected event other than an export; returns the revision it concerns (None: it
-    concerns the policy)."""
+    concerns the policy). ``routes``: a rebuild, which sets canary routes from their facts."""
     p = env.payload
     if isinstance(p, AliasMoved):
         return _apply_alias_moved(repo, env, p)
@@ -186,6 +189,8 @@ def _apply_one(repo: CatalogRepository, env: Envelope[Any]) -> int | None:
         repo.set_tags(env.tenant, env.policy, p.revision, p.tags, at=env.occurred_at)
         return p.revision
     if isinstance(p, (CanaryStarted, CanaryEnded)):
+        if routes:
+            repo.replay_canary_route(env)
         repo.record_canary(env)  # the controller wrote the same row when it carried it out
         return p.revision
     raise TypeError(f"{env.type!r} is not projected")  # PROJECTED_TYPES and this disagree

@@ -63,7 +63,7 @@ def rebuild(
 
     def apply_run(run: list[Envelope[Any]]) -> None:
         try:
-            outcomes = [o.value for o in apply_events(repo, run)]
+            outcomes = [o.value for o in apply_events(repo, run, routes=True)]
         except CatalogError:  # an event of the run is refused: find which, one at a time
             outcomes = [one(env) for env in run]
         with lock:
@@ -71,7 +71,7 @@ def rebuild(
 
     def one(env: Envelope[Any]) -> str:
         try:
-            return apply_event(repo, env).value
+            return apply_event(repo, env, routes=True).value
         except CatalogError as e:
             with lock:
                 if len(report.failures) < max_failures:

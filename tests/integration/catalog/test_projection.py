@@ -151,6 +151,72 @@ def test_rebuild_from_log_equals_live(catalog_keyspace, base_settings, repo, ten
         session.execute(f"DROP KEYSPACE IF EXISTS {target}", timeout=60)
 
 
+def canary_fact(repo, tenant, policy, route, reason=""):
+    """The ``canary.started`` the controller publishes for a route it set."""
+    from schemas.events import CanaryStarted
+
+    fact = CanaryStarted(
+        alias="prod",
+        canary_id=route.canary_id,
+        incumbent_revision=route.incumbent_revision,
+        revision=route.revision,
+        adapter_digest=route.digest,
+        store_uri=route.store_uri,
+        share=route.share,
+        reason=reason,
+        requested_by=route.started_by,
+    )
+    return command(fact, tenant, policy, 0).model_copy(update={"occurred_at": route.started_at})
+
+
+def test_a_rebuild_routes_a_running_canary_as_the_live_catalog_does(
+    catalog_keyspace, base_settings, repo, tenant
+):
+    """Routes live on the alias rows beside the pointers, written by the controller: a rebuild
+    during a canary must keep routing its share (and the compare find the catalogs equal), and
+    a canary that ended must stay ended, also where the live projector reads its start late."""
+    from schemas.events import CanaryEnded
+
+    session, ks = catalog_keyspace
+    log = live_history(repo, tenant)  # a@prod is at revision 1, b@canary at 2
+    facts = []
+    for policy, revision in (("a", 2), ("b", 3)):
+        if policy == "b":
+            move = command(PromoteCommand(alias="prod", revision=1), tenant, "b", 20)
+            facts.append(execute_serving_command(repo, move, producer="controller/test"))
+            apply_event(repo, facts[-1])
+        route = repo.start_canary(
+            tenant, policy, "prod", revision, 0.25, canary_id=uuid.uuid4(), by="ops",
+            reason="try it", at=T0 + timedelta(minutes=30),
+        )  # fmt: skip
+        facts.append(canary_fact(repo, tenant, policy, route, reason="try it"))
+        repo.record_canary(facts[-1])
+    ended = CanaryEnded(
+        alias="prod", canary_id=route.canary_id, revision=3, incumbent_revision=1,
+        outcome="rolled_back", reason="worse",
+    )  # fmt: skip
+    repo.end_canary(tenant, "b", "prod", route.canary_id)
+    facts.append(command(ended, tenant, "b", 40))
+    repo.record_canary(facts[-1])
+    canaries = [f for f in facts if f.type.startswith("canary.")]
+    for fact in canaries:  # a projector behind the controller: it never restarts b's canary
+        assert apply_event(repo, fact) is Outcome.APPLIED
+    assert repo.resolve(f"{tenant}/b@prod").canary is None
+    target = f"rb_{uuid.uuid4().hex[:12]}"
+    try:
+        report = rebuild(session, target, base_settings.keyspace_replication, log + facts)
+        assert not report.failures
+        rebuilt = CatalogRepository(session, target)
+        running = rebuilt.resolve(f"{tenant}/a@prod").canary
+        assert running == repo.resolve(f"{tenant}/a@prod").canary
+        assert running is not None and (running.revision, running.share) == (2, 0.25)
+        assert rebuilt.resolve(f"{tenant}/b@prod").canary is None
+        diff = compare(session, ks, target, tenant=tenant)
+        assert diff.identical, diff.summary()
+    finally:
+        session.execute(f"DROP KEYSPACE IF EXISTS {target}", timeout=60)
+
+
 def test_compare_notices_a_difference(catalog_keyspace, base_settings, repo, tenant):
     session, ks = catalog_keyspace
     log = live_history(repo, tenant)
