@@ -5,8 +5,11 @@ Cassandra credentials), through the gateway's ``/mint/v1`` and OpenAI endpoints.
         print([p.policy for p in mint.policies()])
         print([r.revision for r in mint.revisions("math-rl")])
         mint.promote("math-rl", 7)                 # through the controller, like an operator's
-        print(mint.infer("math-rl", "2+2=").text)  # /v1/completions on math-rl@prod
-        mint.rollback("math-rl")
+        answer = mint.infer("math-rl", "2+2=")     # /v1/completions on math-rl@prod
+        print(answer.text)
+        mint.promote("math-rl", 8, canary=0.1)     # a tenth of prod's callers get 8
+        mint.feedback("math-rl", answer.id, 0.9)   # an online score of that answer
+        mint.rollback("math-rl")                   # ends a running canary (else moves back)
 
 The verbs keep the direct client's names and arguments; the tenant is the key's. A promote or
 rollback is a serving command the controller carries out (compare-and-set on the alias); a
@@ -93,6 +96,26 @@ class Moved:
 
 
 @dataclass(frozen=True)
+class CanaryInfo:
+    """A canary the controller started (``canary.started``: revision, incumbent and share) or
+    ended (``canary.ended``: outcome ``promoted`` or ``rolled_back``, and why)."""
+
+    policy: str
+    alias: str
+    canary_id: str
+    event_id: str
+    revision: int | None = None
+    incumbent_revision: int | None = None
+    share: float | None = None
+    outcome: str | None = None
+    reason: str = ""
+
+    @property
+    def payload(self) -> CanaryInfo:  # reads like the direct client's Envelope[CanaryStarted]
+        return self
+
+
+@dataclass(frozen=True)
 class Completion:
     """One answer of ``infer``: the text and the revision that wrote it; with ``logprobs`` or
     ``top_logprobs`` each sampled token (``tokens``), its log-probability (``logprobs``) and its
@@ -110,6 +133,11 @@ class Completion:
     logprobs: list[float | None] | None = None
     top_logprobs: list[dict[str, float]] | None = None
     raw: dict[str, Any] | None = field(default=None, repr=False)
+
+    @property
+    def id(self) -> str | None:
+        """The response id (``cmpl-…``/``chatcmpl-…``): what ``feedback`` scores."""
+        return (self.raw or {}).get("id")
 
 
 def _token_logprobs(choice: dict[str, Any], chat: bool):
@@ -220,9 +248,20 @@ class RemoteMintClient:
 
     # ------------------------------------------------------------------ alias moves
 
-    def _move(self, policy: str, verb: str, body: dict[str, Any]) -> Moved:
-        r = self._call("POST", f"{API}/policies/{policy}/{verb}", json=body)
-        d = r.json()
+    def _move(self, policy: str, verb: str, body: dict[str, Any]) -> Moved | CanaryInfo:
+        d = self._call("POST", f"{API}/policies/{policy}/{verb}", json=body).json()
+        if "canary_id" in d:  # a canary started, or ended by a rollback
+            return CanaryInfo(
+                d["policy"],
+                d["alias"],
+                d["canary_id"],
+                d["event_id"],
+                d.get("revision"),
+                d.get("incumbent_revision"),
+                d.get("share"),
+                d.get("outcome"),
+                d.get("reason") or "",
+            )
         return Moved(
             d["policy"], d["alias"], d["from_revision"], d["to_revision"], d["cause"], d["event_id"]
         )
@@ -235,11 +274,16 @@ class RemoteMintClient:
         alias: str = "prod",
         expected_revision: int | None = None,
         reason: str = "",
-    ) -> Moved:
-        """Move ``alias`` to ``revision`` (through the controller, by compare-and-set)."""
-        body = {"alias": alias, "revision": revision, "reason": reason}
+        canary: float | None = None,
+    ) -> Moved | CanaryInfo:
+        """Move ``alias`` to ``revision`` (through the controller, by compare-and-set). With
+        ``canary=share`` the alias stays: ``share`` of its callers get ``revision`` until the
+        controller judges the canary (the policy's canary rule); returns the started canary."""
+        body: dict[str, Any] = {"alias": alias, "revision": revision, "reason": reason}
         if expected_revision is not None:
             body["expected_revision"] = expected_revision
+        if canary is not None:
+            body["canary"] = canary
         return self._move(policy, "promote", body)
 
     def rollback(
@@ -250,14 +294,25 @@ class RemoteMintClient:
         to_revision: int | None = None,
         reason: str = "",
         expected_revision: int | None = None,
-    ) -> Moved:
-        """Move ``alias`` back to its previous revision (or ``to_revision``)."""
+    ) -> Moved | CanaryInfo:
+        """Move ``alias`` back to its previous revision (or ``to_revision``); while a canary of
+        the alias runs, end it instead (the alias stays): then the ended canary."""
         body: dict[str, Any] = {"alias": alias, "reason": reason}
         if to_revision is not None:
             body["to_revision"] = to_revision
         if expected_revision is not None:
             body["expected_revision"] = expected_revision
         return self._move(policy, "rollback", body)
+
+    def feedback(self, policy: str, request_id: str, score: float, comment: str = "") -> str:
+        """Score one answer of ``policy`` (``request_id``: its response id or the engine's
+        request id) in [0, 1], 1 best, through ``POST /v1/feedback``: the controller joins it
+        to the revision that answered and judges a running canary on it. Returns the
+        ``feedback.submitted`` event id (accepted; nothing to wait for)."""
+        body: dict[str, Any] = {"model": policy, "id": request_id, "score": score}
+        if comment:
+            body["comment"] = comment
+        return self._call("POST", "/v1/feedback", json=body).json()["id"]
 
     # ------------------------------------------------------------------ configuration
 

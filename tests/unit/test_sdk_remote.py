@@ -51,6 +51,30 @@ def test_reads_and_moves_through_the_gateway(world) -> None:
     assert cfg.payload.base_model == "tiny" and cfg.payload.thresholds["reward"].min == 0.6
 
 
+def test_a_canary_and_its_feedback_through_the_gateway(world) -> None:
+    catalog, commands, engines, http = world
+    mint = remote(catalog, http)
+    started = mint.promote("math", 2, canary=0.1, reason="try it")
+    assert (started.revision, started.incumbent_revision, started.share) == (2, 1, 0.1)
+    assert started.canary_id == str(commands.sent[0].event_id) and started.outcome is None
+    sent = commands.sent[0]
+    assert sent.type == "serving.canary" and (sent.payload.share, sent.payload.reason) == (
+        0.1,
+        "try it",
+    )
+    answer = mint.infer("math", "2+2=")
+    event_id = mint.feedback("math", answer.id, 0.9, comment="right")
+    scored = commands.sent[-1]
+    assert str(scored.event_id) == event_id and scored.type == "feedback.submitted"
+    assert (scored.payload.request_id, scored.payload.score) == (
+        engines.seen[0].payload.request_id,
+        0.9,
+    )
+    with pytest.raises(RemoteError) as bad:
+        mint.feedback("math", answer.id, 1.5)
+    assert bad.value.status == 400 and "score" in str(bad.value)
+
+
 def test_gateway_errors_become_the_sdks_exceptions(world) -> None:
     catalog, commands, _, http = world
     mint = remote(catalog, http)

@@ -2,8 +2,8 @@
 gateway in this process (gateway.main.ThreadedServer), a real controller worker. The operator
 makes the tenants and keys and the catalog holds a policy with two revisions; the tenant lists
 them, promotes, and rolls back through the gateway (serving commands the controller carries
-out), configures the policy's lifecycle, and another tenant's key gets the same 404 as for a
-missing policy."""
+out), runs a canary, scores an answer and ends the canary, configures the policy's lifecycle,
+and another tenant's key gets the same 404 as for a missing policy."""
 
 from __future__ import annotations
 
@@ -66,6 +66,15 @@ def test_tenant_lists_promotes_and_rolls_back_with_a_key_alone(
             assert [(a.alias, a.revision) for a in mint.aliases("math")] == [("prod", 1)]
             history = repo.alias_history("acme", "math", "prod", limit=10)
             assert history[0].moved_by.startswith("key/")  # the tenant's key, in the history
+            canary = mint.promote("math", 2, canary=0.5, reason="half")
+            assert (canary.revision, canary.incumbent_revision, canary.share) == (2, 1, 0.5)
+            route = repo.get_canary("acme", "math", "prod")
+            assert route is not None and str(route.canary_id) == canary.canary_id
+            assert mint.feedback("math", "req-unknown", 0.9)  # accepted; joined to nothing
+            ended = mint.rollback("math")  # ends the canary; prod stays on revision 1
+            assert (ended.canary_id, ended.outcome) == (canary.canary_id, "rolled_back")
+            assert repo.get_canary("acme", "math", "prod") is None
+            assert [(a.alias, a.revision) for a in mint.aliases("math")] == [("prod", 1)]
             mint.configure("math", suite="toy-even", thresholds={"reward": {"min": 0.6}})
             configs = StateTable(live, settings.keyspace, CONFIGS_STATE)
             cfg = wait_until(
