@@ -22,7 +22,6 @@ ROLLING = ("kafka-rolling", "cassandra-rolling")
 CLUSTER_FAULTS = NODE_FAULTS + ROLLING
 GAP_TARGET_S = 5.0
 NODES = 3
-KILLED: list[str] = []  # the nodes the node faults killed, in order, for the JSON line
 
 
 def cluster_settings(base, ports: dict[str, int]):
@@ -63,8 +62,8 @@ class AnswerClock(threading.Thread):
         return round(max(b - a for a, b in zip(edges, edges[1:], strict=False)), 2)
 
 
-def inject(fault: str, settings, down_s: float) -> threading.Thread | None:
-    """Carry out ``fault``. A node fault returns at once after the kill, the node coming back
+def inject(fault: str, settings, down_s: float, killed: list[str]) -> threading.Thread | None:
+    """Carry out ``fault`` (a node it kills is added to ``killed``). A node fault returns at once after the kill, the node coming back
     in the returned thread (join it before the next fault), so that the round's update and
     probe run while the node is down, as a cluster must serve them; a rolling restart returns
     when every node is back."""
@@ -77,7 +76,7 @@ def inject(fault: str, settings, down_s: float) -> threading.Thread | None:
         # point of every client, and a seed.
         node = (kafka_controller(settings) if kind == "kafka" else None) or f"{kind}-1"
         print(f"  kill -9 {node}", file=sys.stderr, flush=True)
-        KILLED.append(node)
+        killed.append(node)
         launcher.kill(settings, node)
 
         def back() -> None:

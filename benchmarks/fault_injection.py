@@ -58,12 +58,13 @@ TARGETS = {
 }
 
 
-def inject(fault: str, settings, workers, down_s: float):
-    """Kill ``fault`` and bring it back; a cluster node comes back in the thread returned."""
+def inject(fault: str, settings, workers, down_s: float, killed: list[str]):
+    """Kill ``fault`` and bring it back; a cluster node comes back in the thread returned (the
+    node killed is added to ``killed``)."""
     from mint.dev import launcher
 
     if fault in _fault_cluster.CLUSTER_FAULTS:
-        return _fault_cluster.inject(fault, settings, down_s)
+        return _fault_cluster.inject(fault, settings, down_s, killed)
     if fault in SERVICES:
         launcher.kill(settings, fault)
         time.sleep(down_s)
@@ -98,6 +99,7 @@ def run(
     from workers.projector import read_log
 
     run_id = uuid.uuid4().hex[:6]
+    killed: list[str] = []  # the cluster nodes the node faults killed, in order
     state = Path(tempfile.mkdtemp(prefix="mint-fault-"))
     s = MintSettings().model_copy(
         update={
@@ -187,7 +189,7 @@ def run(
             time.sleep(1.0)  # the update is running (or queued behind the trainer's poll)
             t_kill = time.monotonic()
             print(f"fault {i + 1}/{len(faults)}: kill -9 {fault}", file=sys.stderr, flush=True)
-            restart = inject(fault, admin, workers, down_s)
+            restart = inject(fault, admin, workers, down_s, killed)
             probe = f"probe-{fault}-{i}"
             traffic.send(probe, PROMPTS[0])
             export = watched(
@@ -266,7 +268,7 @@ def run(
         out["met"] = {k: out[k] == v for k, v in TARGETS.items()}
         if cluster:
             out["met"]["longest_answer_gap_s"] = max(gaps.values()) <= _fault_cluster.GAP_TARGET_S
-            out["killed"] = list(_fault_cluster.KILLED)  # kafka-node: the active controller
+            out["killed"] = killed  # kafka-node: the active controller
     finally:
         if traffic is not None:
             traffic.halt.set()
