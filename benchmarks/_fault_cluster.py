@@ -63,10 +63,10 @@ class AnswerClock(threading.Thread):
 
 
 def inject(fault: str, settings, down_s: float, killed: list[str]) -> threading.Thread | None:
-    """Carry out ``fault`` (a node it kills is added to ``killed``). A node fault returns at once after the kill, the node coming back
-    in the returned thread (join it before the next fault), so that the round's update and
-    probe run while the node is down, as a cluster must serve them; a rolling restart returns
-    when every node is back."""
+    """Carry out ``fault`` (a node it kills is added to ``killed``). A node fault returns at
+    once after the kill, the node coming back in the returned thread (join it before the next
+    fault), so that the round's update and probe run while the node is down, as a cluster must
+    serve them; a rolling restart returns when every node is back."""
     from mint.dev import launcher
 
     kind = fault.split("-")[0]
