@@ -16,7 +16,7 @@ from gateway import GatewayConfig, create_app
 from gateway.commands import MoveTimeout
 from gateway.service import Gateway
 from schemas import make_event
-from schemas.events import AliasMoved, CanaryStarted, ServingRefused
+from schemas.events import AliasMoved, ServingRefused
 from tests.unit.test_gateway_app import FakeCatalog, FakeEngines
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -128,17 +128,6 @@ class FakeCommands:
                 alias=p.alias,
                 reason=self.refuse,
                 current_revision=2,
-            )
-        elif env.type == "serving.canary":
-            answer = CanaryStarted(
-                alias=p.alias,
-                canary_id=env.event_id,
-                incumbent_revision=1,
-                revision=p.revision,
-                adapter_digest=digest(p.revision),
-                store_uri=f"file:///s/acme/math/{p.revision}",
-                share=p.share,
-                requested_by=p.requested_by,
             )
         else:
             to = p.revision if env.type == "serving.promote" else (p.to_revision or 1)

@@ -13,12 +13,13 @@ from gateway.service import Gateway
 from mint.sdk import CommandRefused, MintClient, MintError, RemoteError, RemoteMintClient
 from mint.sdk.exceptions import WaitTimeout
 from tests.unit.test_gateway_app import FakeCatalog, FakeEngines
-from tests.unit.test_gateway_lifecycle import FakeCommands, FakeRepo
+from tests.unit.test_gateway_feedback import CanaryCommands
+from tests.unit.test_gateway_lifecycle import FakeRepo
 
 
 @pytest.fixture
 def world():
-    catalog, commands, engines = FakeCatalog(), FakeCommands(), FakeEngines()
+    catalog, commands, engines = FakeCatalog(), CanaryCommands(), FakeEngines()
     catalog.catalog = FakeRepo()
     gw = Gateway(GatewayConfig(instance_id="gw-test"), catalog, engines)
     gw.lifecycle_commands = commands
@@ -73,6 +74,8 @@ def test_a_canary_and_its_feedback_through_the_gateway(world) -> None:
     with pytest.raises(RemoteError) as bad:
         mint.feedback("math", answer.id, 1.5)
     assert bad.value.status == 400 and "score" in str(bad.value)
+    ended = mint.rollback("math")  # a running canary ends; prod stays
+    assert ended.outcome == "rolled_back" and ended.canary_id  # (the fake's own id)
 
 
 def test_gateway_errors_become_the_sdks_exceptions(world) -> None:
