@@ -59,10 +59,22 @@ def _unavailable(settings: MintSettings, e: Exception) -> KafkaUnavailable:
             "and the protocol (MINT_KAFKA_SECURITY_PROTOCOL, MINT_KAFKA_USERNAME, "
             f"MINT_KAFKA_PASSWORD(_FILE)), or the broker is still starting ({e})"
         )
+    return _no_broker(settings, e)
+
+
+def _no_broker(settings: MintSettings, e: Exception) -> KafkaUnavailable:
     return KafkaUnavailable(
         f"no Kafka broker at {settings.kafka_bootstrap}: start one with `mint dev up` "
         f"or point MINT_KAFKA_BOOTSTRAP at your cluster ({e})"
     )
+
+
+def require_broker(settings: MintSettings) -> None:
+    """Raise KafkaUnavailable at once when no bootstrap address accepts a TCP connection: for a
+    one-shot command, which has nothing to wait for (a new client would retry for kafka-python's
+    30 s bootstrap timeout, the grace a worker needs while a broker restarts)."""
+    if not any(_listening(a) for a in _servers(settings)):
+        raise _no_broker(settings, ConnectionRefusedError("no address accepts a connection"))
 
 
 def make_producer(settings: MintSettings, **overrides: Any) -> KafkaProducer:

@@ -22,20 +22,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from mint.commands.args import tenant_policy
+from mint.commands.clients import cli_client
 from mint.commands.errors import one_line_errors
 from mint.commands.listing import _plain, object_output_option
 from schemas.events import CanaryRule
 from schemas.events.inference import REQUEST_ID_RE
-from schemas.settings import get_settings
 
 console = Console(stderr=True)
 out = Console()
-
-
-def _client(tenant: str, timeout_s: float):
-    from mint.sdk import MintClient
-
-    return MintClient(get_settings(), tenant, producer="cli", timeout_s=timeout_s)
 
 
 # ---------------------------------------------------------------------- lines
@@ -299,7 +293,7 @@ def feedback(policy_id: str, request_id: str, score: float, comment: str, timeou
 
     tenant, policy = tenant_policy(policy_id)
     try:
-        with _client(tenant, timeout) as c:
+        with cli_client(tenant, timeout) as c:
             env = c.feedback(policy, request_id, score, comment=comment)
     except KafkaUnavailable as e:
         raise MintError(f"{e}; nothing was sent") from None

@@ -13,16 +13,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from mint.commands.args import tenant_policy
+from mint.commands.clients import cli_client
 from mint.commands.errors import one_line_errors
 
 console = Console(stderr=True)
-
-
-def _client(tenant: str, timeout_s: float):
-    from mint.sdk import MintClient
-    from schemas.settings import get_settings
-
-    return MintClient(get_settings(), tenant, producer="cli", timeout_s=timeout_s)
 
 
 def read_json_schema(value: str | None) -> dict[str, Any] | None:
@@ -185,7 +179,7 @@ def infer(
         grammar=read_grammar(grammar),
     )  # checked before anything is sent (InvalidSampling: one line, exit 1)
     where = {"revision": int(target)} if target.isdigit() else {"alias": target}
-    with _client(tenant, timeout) as c:
+    with cli_client(tenant, timeout) as c:
         r = c.infer(
             policy,
             prompt,

@@ -16,6 +16,7 @@ from rich.console import Console
 from mint.commands import args
 from mint.commands.args import tenant_policy
 from mint.commands.canary import ended_line, say, started_line, started_rule
+from mint.commands.clients import cli_client
 from mint.commands.errors import one_line_errors
 from mint.commands.inference import infer  # listed here: a policy's verbs stay together
 from mint.commands.listing import output_option, print_rows, text, when
@@ -30,12 +31,6 @@ from schemas.settings import get_settings
 
 console = Console(stderr=True)
 out = Console()
-
-
-def _client(tenant: str, timeout_s: float = 60.0, producer: str = "cli"):
-    from mint.sdk import MintClient
-
-    return MintClient(get_settings(), tenant, producer=producer, timeout_s=timeout_s)
 
 
 def move_alias(
@@ -53,7 +48,7 @@ def move_alias(
 
     where = f"{tenant}/{policy}@{alias}"
     try:
-        with _client(tenant, timeout_s, producer=by) as c:
+        with cli_client(tenant, timeout_s, producer=by) as c:
             return call(c)
     except KafkaUnavailable as e:
         raise MintError(f"{e}; nothing was sent, {where} did not move") from None
@@ -153,7 +148,7 @@ def revisions(policy_id: str, limit: int, output: str) -> None:
     from mint.commands.revisions import print_revisions, revision_row
 
     tenant, policy = tenant_policy(policy_id)
-    with _client(tenant) as c:
+    with cli_client(tenant) as c:
         by_rev: dict[int, list[str]] = {}
         for a in c.aliases(policy):
             by_rev.setdefault(a.revision, []).append(a.alias)
@@ -178,7 +173,7 @@ def history(reference: str, alias: str | None, limit: int, output: str) -> None:
     REFERENCE is tenant/policy or tenant/policy@alias."""
     tenant, policy = tenant_policy(reference)
     alias = alias or (reference.partition("@")[2] or "prod")
-    with _client(tenant) as c:
+    with cli_client(tenant) as c:
         moves = c.history(policy, alias, limit=limit)
     print_history(moves, output, title=f"{tenant}/{policy}@{alias}")
 

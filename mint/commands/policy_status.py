@@ -20,19 +20,13 @@ from rich.table import Table
 
 from mint.commands.args import tenant_policy
 from mint.commands.canary import describe_rule
+from mint.commands.clients import cli_client
 from mint.commands.errors import one_line_errors
 from mint.commands.listing import _plain, object_output_option
 from schemas.events import CanaryRule
-from schemas.settings import get_settings
 
 console = Console(stderr=True)
 out = Console()
-
-
-def _client(tenant: str, timeout_s: float):
-    from mint.sdk import MintClient
-
-    return MintClient(get_settings(), tenant, producer="cli", timeout_s=timeout_s)
 
 
 # ---------------------------------------------------------------------- configure
@@ -121,7 +115,7 @@ def policies_configure(
         max_failure_increase=canary_max_failure_increase,
         max_score_drop=canary_max_score_drop,
     )
-    with _client(tenant, 60.0) as c:
+    with cli_client(tenant, 60.0) as c:
         env = c.create_policy(
             policy,
             base_model=base_model,
@@ -283,7 +277,7 @@ def policies_retire(policy_id: str, reason: str, undo: bool, timeout: float) -> 
     tenant, policy = tenant_policy(policy_id)
     verb = "restore" if undo else "retire"
     try:
-        with _client(tenant, timeout) as c:
+        with cli_client(tenant, timeout) as c:
             pol = c.policy(policy)  # PolicyNotFound: nothing sent
             if (pol.retired_at is None) == undo:
                 console.print(f"{policy_id} is {'not ' if undo else ''}retired: nothing to do")

@@ -17,6 +17,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from mint.commands.clients import cli_client
 from mint.commands.errors import one_line_errors
 from mint.commands.listing import Cell, object_output_option, print_rows, text, when
 from schemas.names import TagName
@@ -263,7 +264,7 @@ def tag(reference: str, tags: list[str], remove: list[str], timeout: float) -> N
             number = repo.resolve(ref).revision
     where = f"{ref.tenant}/{ref.policy}@{number}"
     try:
-        with _client(ref.tenant, timeout) as c:
+        with cli_client(ref.tenant, timeout) as c:
             now = c.tag(ref.policy, number, add=tags, remove=remove)
     except KafkaUnavailable as e:
         raise MintError(f"{e}; nothing was sent, {where} was not tagged") from None
@@ -277,12 +278,6 @@ def tag(reference: str, tags: list[str], remove: list[str], timeout: float) -> N
             f"runs (`mint worker controller`); `mint revision show {where}` shows when"
         ) from None
     click.echo(f"{where}: {', '.join(now) or 'no tags'}")
-
-
-def _client(tenant: str, timeout_s: float):
-    from mint.sdk import MintClient
-
-    return MintClient(get_settings(), tenant, producer="cli", timeout_s=timeout_s)
 
 
 @revision.command("download")

@@ -118,7 +118,7 @@ def started(cmd: Any) -> Any:
 @pytest.fixture
 def client(monkeypatch):
     def use(fake: FakeClient) -> FakeClient:
-        monkeypatch.setattr(lifecycle, "_client", lambda tenant, timeout_s, producer="cli": fake)
+        monkeypatch.setattr(lifecycle, "cli_client", lambda tenant, timeout_s, producer="cli": fake)
         return fake
 
     return use
@@ -354,7 +354,7 @@ def test_status_reads_the_controllers_worker_state(monkeypatch) -> None:
 @pytest.fixture
 def feedback_client(monkeypatch):
     fake = FakeClient()
-    monkeypatch.setattr(canary_cli, "_client", lambda tenant, timeout_s: fake)
+    monkeypatch.setattr(canary_cli, "cli_client", lambda tenant, timeout_s: fake)
     return fake
 
 
@@ -411,7 +411,7 @@ def test_configure_flags_fill_the_canary_rule(monkeypatch) -> None:
         def create_policy(self, policy, **kw):
             return MintClient.create_policy(fake, policy, **kw)
 
-    monkeypatch.setattr(policy_status, "_client", lambda tenant, timeout_s: Client())
+    monkeypatch.setattr(policy_status, "cli_client", lambda tenant, timeout_s: Client())
     args = ["policies", "configure", "acme/math-rl", "--base-model", "m", "--suite", "toy-even"]
     res = CliRunner().invoke(
         main,

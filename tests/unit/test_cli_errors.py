@@ -131,3 +131,24 @@ def test_a_broker_that_refuses_the_login_is_not_called_absent() -> None:
         assert "check the credentials and the protocol" in str(e)
     gone = _unavailable(there, KafkaTimeoutError("Unable to bootstrap"))
     assert str(gone).startswith(f"no Kafka broker at 127.0.0.1:{port}: start one")
+
+
+def test_a_command_fails_at_once_where_no_broker_listens() -> None:
+    """A one-shot command's client checks the port first rather than wait out kafka-python's
+    30 s bootstrap timeout; one listening address of several is enough to go on."""
+    import socket
+    import time
+
+    from schemas.settings import MintSettings
+    from streams.clients import require_broker
+    from streams.exceptions import KafkaUnavailable
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        require_broker(MintSettings(kafka_bootstrap=f"127.0.0.1:1,127.0.0.1:{port}"))
+    t0 = time.monotonic()
+    with pytest.raises(KafkaUnavailable, match=f"no Kafka broker at 127.0.0.1:{port}: start one"):
+        require_broker(MintSettings(kafka_bootstrap=f"127.0.0.1:{port}"))
+    assert time.monotonic() - t0 < 5.0

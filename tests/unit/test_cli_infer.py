@@ -56,7 +56,7 @@ def fake(monkeypatch):
         seen.update(tenant=tenant, timeout_s=timeout_s)
         return client
 
-    monkeypatch.setattr(inference, "_client", make)
+    monkeypatch.setattr(inference, "cli_client", make)
     client.seen = seen
     return client
 

@@ -245,7 +245,7 @@ class FakeClient:
 @pytest.fixture
 def cli(monkeypatch):
     def use(client: FakeClient):
-        monkeypatch.setattr(policy_status, "_client", lambda tenant, timeout_s: client)
+        monkeypatch.setattr(policy_status, "cli_client", lambda tenant, timeout_s: client)
         return client
 
     return use

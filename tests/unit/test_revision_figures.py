@@ -232,7 +232,7 @@ def mint(monkeypatch):
 
     monkeypatch.setattr(shown, "catalog_repo", fake_repo)
     monkeypatch.setattr(shown, "out", Console(width=200))
-    monkeypatch.setattr(lifecycle, "_client", lambda tenant, *a, **k: FakeClient())
+    monkeypatch.setattr(lifecycle, "cli_client", lambda tenant, *a, **k: FakeClient())
 
     def run(*args: str) -> str:
         result = CliRunner().invoke(main, list(args), catch_exceptions=False)

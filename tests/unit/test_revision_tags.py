@@ -212,7 +212,7 @@ def cli(monkeypatch):
 
     def run(*args: str, client: FakeClient | None = None):
         client = client or FakeClient()
-        monkeypatch.setattr(revisions_cli, "_client", lambda tenant, timeout_s: use(client))
+        monkeypatch.setattr(revisions_cli, "cli_client", lambda tenant, timeout_s: use(client))
         return CliRunner().invoke(main, ["revision", "tag", *args]), client
 
     monkeypatch.setattr(revisions_cli, "catalog_repo", catalog_repo)
@@ -363,7 +363,7 @@ def listing(monkeypatch):
 
     monkeypatch.setattr(revisions_cli, "catalog_repo", repo)
     monkeypatch.setattr(revisions_cli, "out", Console(width=200))
-    monkeypatch.setattr(lifecycle, "_client", lambda tenant, *a, **k: ListingClient())
+    monkeypatch.setattr(lifecycle, "cli_client", lambda tenant, *a, **k: ListingClient())
 
     def run(*args: str) -> str:
         result = CliRunner().invoke(main, list(args), catch_exceptions=False)
