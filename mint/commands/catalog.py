@@ -77,9 +77,11 @@ def rebuild_cmd(target: str | None, compare: bool, drop: bool) -> None:
 
     from catalog.rebuild import rebuild
     from catalog.snapshot import compare as compare_keyspaces
+    from streams.clients import require_broker
     from workers.projector import LogStats, read_log
 
     settings = get_settings()
+    require_broker(settings)  # before the target keyspace is made: the log is Kafka's
     target = target or f"{settings.keyspace}_rebuild_{uuid.uuid4().hex[:8]}"
     stats = LogStats()
     ok = True

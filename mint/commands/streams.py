@@ -79,7 +79,10 @@ def replay(
 
     if (to_topic is None) == (processor is None):
         raise click.UsageError("give exactly one of --to-topic or --processor")
+    from streams.clients import require_broker
+
     settings = get_settings()
+    require_broker(settings)
     source = _broker_topic(settings, topic)
     window = resolve_window(
         settings,
@@ -169,8 +172,10 @@ def format_record(record) -> str:
 def tail(topic: str, from_beginning: bool, limit: int | None, timeout_s: float | None) -> None:
     """Print TOPIC's events live, one readable line each (Ctrl-C stops)."""
     from streams import Follower, TopicError
+    from streams.clients import require_broker
 
     settings = get_settings()
+    require_broker(settings)
     name = _broker_topic(settings, topic)
     follower = Follower(settings, client_id="mint-tail")
     try:
@@ -203,8 +208,10 @@ def tail(topic: str, from_beginning: bool, limit: int | None, timeout_s: float |
 def topics(create: bool) -> None:
     """List the topic registry (with MINT_TOPIC_PREFIX) and whether each topic exists."""
     from streams import TOPICS, ensure_topics, make_admin
+    from streams.clients import require_broker
 
     settings = get_settings()
+    require_broker(settings)
     if create:
         created = ensure_topics(settings)
         console.print(
