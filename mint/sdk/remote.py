@@ -25,13 +25,21 @@ Training over HTTP is the Tinker API that the same gateway serves under ``/api/v
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, Unpack
 
 import httpx
 
 from mint.sdk.exceptions import CommandRefused, MintError, WaitTimeout
+from mint.sdk.remote_types import (
+    AliasInfo,
+    CanaryInfo,
+    Completion,
+    Moved,
+    PolicyInfo,
+    RevisionInfo,
+    choice_logprobs,
+    iso_time,
+)
 from mint.sdk.sampling import SamplingFields, openai_fields, sampling_options
 from schemas.events.sampling import SamplingOptions
 
@@ -44,117 +52,6 @@ class RemoteError(MintError):
     def __init__(self, message: str, *, status: int, code: str | None = None) -> None:
         super().__init__(message)
         self.status, self.code = status, code
-
-
-def _time(value: str | None) -> datetime | None:
-    return datetime.fromisoformat(value) if value else None
-
-
-@dataclass(frozen=True)
-class PolicyInfo:
-    policy: str
-    base_model: str
-    created_at: datetime | None
-    retired_at: datetime | None = None
-
-
-@dataclass(frozen=True)
-class RevisionInfo:
-    revision: int
-    digest: str
-    parent_revision: int | None
-    base_model: str
-    created_at: datetime | None
-    created_by: str
-    training: dict[str, float] = field(default_factory=dict)
-    tags: list[str] = field(default_factory=list)
-    evaluations: list[dict[str, Any]] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class AliasInfo:
-    alias: str
-    revision: int | None
-    seq: int
-    moved_at: datetime | None
-
-
-@dataclass(frozen=True)
-class Moved:
-    """An alias move the controller carried out (its ``alias.moved``)."""
-
-    policy: str
-    alias: str
-    from_revision: int | None
-    to_revision: int
-    cause: str
-    event_id: str
-
-    @property
-    def payload(self) -> Moved:  # reads like the direct client's Envelope[AliasMoved]
-        return self
-
-
-@dataclass(frozen=True)
-class CanaryInfo:
-    """A canary the controller started (``canary.started``: revision, incumbent and share) or
-    ended (``canary.ended``: outcome ``promoted`` or ``rolled_back``, and why)."""
-
-    policy: str
-    alias: str
-    canary_id: str
-    event_id: str
-    revision: int | None = None
-    incumbent_revision: int | None = None
-    share: float | None = None
-    outcome: str | None = None
-    reason: str = ""
-
-    @property
-    def payload(self) -> CanaryInfo:  # reads like the direct client's Envelope[CanaryStarted]
-        return self
-
-
-@dataclass(frozen=True)
-class Completion:
-    """One answer of ``infer``: the text and the revision that wrote it; with ``logprobs`` or
-    ``top_logprobs`` each sampled token (``tokens``), its log-probability (``logprobs``) and its
-    alternatives (``top_logprobs``: token -> logprob); ``raw`` is the gateway's whole answer
-    (vLLM's extra fields such as ``prompt_logprobs`` included)."""
-
-    text: str
-    revision: int | None
-    finish_reason: str | None
-    prompt_tokens: int
-    completion_tokens: int
-    engine_ms: float | None
-    stop_reason: str | int | None = None
-    tokens: list[str] | None = None
-    logprobs: list[float | None] | None = None
-    top_logprobs: list[dict[str, float]] | None = None
-    raw: dict[str, Any] | None = field(default=None, repr=False)
-
-    @property
-    def id(self) -> str | None:
-        """The response id (``cmpl-…``/``chatcmpl-…``): what ``feedback`` scores."""
-        return (self.raw or {}).get("id")
-
-
-def _token_logprobs(choice: dict[str, Any], chat: bool):
-    """(tokens, logprobs, alternatives) from an OpenAI choice's ``logprobs`` (chat: a list of
-    ``content`` entries; completions: parallel lists), or Nones when it has none."""
-    lp = choice.get("logprobs")
-    if not lp:
-        return None, None, None
-    if chat:
-        content = lp.get("content") or []
-        return (
-            [c["token"] for c in content],
-            [c["logprob"] for c in content],
-            [{t["token"]: t["logprob"] for t in c.get("top_logprobs") or []} for c in content],
-        )
-    tops = lp.get("top_logprobs") or []
-    return lp.get("tokens"), lp.get("token_logprobs"), [dict(t or {}) for t in tops] or None
 
 
 class RemoteMintClient:
@@ -216,7 +113,9 @@ class RemoteMintClient:
     def policies(self) -> list[PolicyInfo]:
         data = self._call("GET", f"{API}/policies").json()["data"]
         return [
-            PolicyInfo(d["policy"], d["base_model"], _time(d["created_at"]), _time(d["retired_at"]))
+            PolicyInfo(
+                d["policy"], d["base_model"], iso_time(d["created_at"]), iso_time(d["retired_at"])
+            )
             for d in data
         ]
 
@@ -229,7 +128,7 @@ class RemoteMintClient:
                 d["digest"],
                 d["parent_revision"],
                 d["base_model"],
-                _time(d["created_at"]),
+                iso_time(d["created_at"]),
                 d["created_by"],
                 d.get("training") or {},
                 d.get("tags") or [],
@@ -244,7 +143,9 @@ class RemoteMintClient:
 
     def aliases(self, policy: str) -> list[AliasInfo]:
         data = self._call("GET", f"{API}/policies/{policy}/aliases").json()["data"]
-        return [AliasInfo(d["alias"], d["revision"], d["seq"], _time(d["moved_at"])) for d in data]
+        return [
+            AliasInfo(d["alias"], d["revision"], d["seq"], iso_time(d["moved_at"])) for d in data
+        ]
 
     # ------------------------------------------------------------------ alias moves
 
@@ -389,7 +290,7 @@ class RemoteMintClient:
         data = r.json()
         choice, usage = data["choices"][0], data.get("usage") or {}
         text = choice["message"]["content"] if chat else choice["text"]
-        tokens, lps, tops = _token_logprobs(choice, chat)
+        tokens, lps, tops = choice_logprobs(choice, chat)
         rev = r.headers.get("x-mint-revision", "")
         ms = r.headers.get("x-mint-engine-ms")
         return Completion(
