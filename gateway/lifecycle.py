@@ -7,6 +7,8 @@
   canary?}``: with ``canary`` (a share in (0, 1)) a canary of ``revision`` instead of a move;
 - ``POST /mint/v1/policies/{policy}/rollback`` ``{alias, to_revision?, expected_revision?,
   reason?}`` (on an alias with a running canary: ends the canary, the alias stays);
+- ``GET  /mint/v1/policies/{policy}/canary``: the controller's view of its latest canary (live
+  or decided; ``null`` when it never had one), as ``mint canary status`` shows it;
 - ``PUT  /mint/v1/policies/{policy}/lifecycle`` ``{suite, thresholds?, promote_to?, ...}``: its
   evaluation gate and rollback rule (``policy.configured`` on ``policy.config``; the base model
   is the catalog's, never the caller's).
@@ -170,6 +172,17 @@ def answer_body(policy: str, answer: Any) -> dict[str, Any]:
     return {**out, "event_id": str(answer.event_id)}
 
 
+def canary_view(repo: Any, tenant: str, policy: str) -> dict[str, Any] | None:
+    """The controller's view of the policy's latest canary as the route returns it: without its
+    bookkeeping (the offsets it counted, scores that came before their answers)."""
+    from workers.controller.canary_view import read_canary_view
+
+    view = read_canary_view(repo.session, repo.keyspace, tenant, policy)
+    if view is None:
+        return None
+    return view.model_dump(mode="json", exclude={"offsets", "early_scores"})
+
+
 def _evaluation(e: Any) -> dict[str, Any]:
     return {
         "suite": e.suite,
@@ -312,6 +325,13 @@ def build_router(gw: Gateway) -> APIRouter:
         fields["reason"] = fields["reason"] or "rollback"
         cmd = RollbackCommand(**fields, requested_by=f"key/{request.state.key_id}")
         return await move(tenant, policy, cmd)
+
+    @router.get("/policies/{policy}/canary")
+    async def canary(request: Request, policy: str) -> JSONResponse:
+        tenant = await tenant_of(request)
+        await policy_of(tenant, policy)
+        view = await asyncio.to_thread(canary_view, repo(), tenant, policy)
+        return JSONResponse({"object": "canary", "policy": policy, "view": view})
 
     @router.put("/policies/{policy}/lifecycle")
     async def configure(request: Request, policy: str) -> JSONResponse:

@@ -105,7 +105,7 @@ def started_rule(client: Any, started: Any) -> CanaryRule | None:
 def load_view(tenant: str, policy: str):
     """The controller's view of tenant/policy's latest canary, or None (tests replace it)."""
     from mint.commands.revisions import catalog_repo
-    from mint.sdk.serving import read_canary_view
+    from workers.controller.canary_view import read_canary_view
 
     with catalog_repo() as repo:
         return read_canary_view(repo.session, repo.keyspace, tenant, policy)

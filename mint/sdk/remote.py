@@ -25,7 +25,7 @@ Training over HTTP is the Tinker API that the same gateway serves under ``/api/v
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 import httpx
 
@@ -42,6 +42,9 @@ from mint.sdk.remote_types import (
 )
 from mint.sdk.sampling import SamplingFields, openai_fields, sampling_options
 from schemas.events.sampling import SamplingOptions
+
+if TYPE_CHECKING:
+    from workers.controller.canary_view import CanaryView
 
 API = "/mint/v1"
 
@@ -204,6 +207,17 @@ class RemoteMintClient:
         if expected_revision is not None:
             body["expected_revision"] = expected_revision
         return self._move(policy, "rollback", body)
+
+    def canary_status(self, policy: str, alias: str | None = "prod") -> CanaryView | None:
+        """What the controller knows of the latest canary of ``policy@alias`` (live or decided:
+        routing, rule, each side's answers, failures, latency and scores, the decision), or
+        None when the latest was on another alias (``alias=None``: any) or there never was
+        one; as the direct client's ``canary_status``."""
+        from workers.controller.canary_view import CanaryView
+
+        data = self._call("GET", f"{API}/policies/{policy}/canary").json()["view"]
+        view = None if data is None else CanaryView.model_validate(data)
+        return view if view is not None and alias in (None, view.alias) else None
 
     def feedback(self, policy: str, request_id: str, score: float, comment: str = "") -> str:
         """Score one answer of ``policy`` (``request_id``: its response id or the engine's

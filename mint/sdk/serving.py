@@ -32,29 +32,6 @@ if TYPE_CHECKING:
     from workers.controller.canary_view import CanaryView
 
 
-def read_canary_view(session: Any, keyspace: str, tenant: str, policy: str):
-    """The controller's view of ``tenant/policy``'s latest canary (one per policy at a time,
-    on the alias it names; its ``worker_state`` document), running or decided, or None when
-    the policy never had one. One read for the SDK and the CLI."""
-    from catalog.state import StateTable
-    from schemas.exceptions import MintError
-    from workers.controller.canary_view import CANARY_STATE, CanaryView, canary_key
-
-    doc = StateTable(session, keyspace, CANARY_STATE).get(canary_key(tenant, policy))
-    if doc is None:
-        return None
-    try:
-        return CanaryView.model_validate(doc)
-    except ValidationError as e:  # a controller of another version wrote it
-        raise MintError(
-            validation_message(
-                e,
-                f"the controller's canary view of {tenant}/{policy} is not one this client "
-                "reads (upgrade the client to the controller's version)",
-            )
-        ) from None
-
-
 def _build(model: type, what: str, **fields: Any) -> Any:
     """The payload, or one error naming each wrong field (nothing was sent)."""
     try:
@@ -158,6 +135,8 @@ class ServingVerbs:
         was not on ``alias`` (``alias=None``: whichever alias it was on) or there never was one.
         A policy runs one canary at a time."""
         cat = self.catalog
+        from workers.controller.canary_view import read_canary_view
+
         view = read_canary_view(cat.session, cat.keyspace, self.tenant, policy)
         return view if view is not None and alias in (None, view.alias) else None
 

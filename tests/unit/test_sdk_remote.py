@@ -124,3 +124,43 @@ def test_bad_keys_and_unreachable_gateways_are_clear_errors() -> None:
     mint = RemoteMintClient("http://gw", "mint_k_s", http=http)
     with pytest.raises(MintError, match="ConnectError"):
         mint.policies()
+
+
+def test_canary_status_reads_the_controllers_view_through_the_gateway(world, monkeypatch) -> None:
+    import uuid
+    from datetime import UTC, datetime
+
+    import gateway.lifecycle
+    from schemas.events import CanarySide
+    from workers.controller.canary_view import CanaryView
+
+    catalog, _, _, http = world
+    view = CanaryView(
+        canary_id=uuid.uuid4(),
+        alias="prod",
+        revision=2,
+        incumbent_revision=1,
+        share=0.1,
+        started_at=datetime(2026, 12, 1, tzinfo=UTC),
+        canary=CanarySide(revision=2, answers=7, failures=1),
+        incumbent=CanarySide(revision=1, answers=60),
+        offsets={"mint.infer.results:0": 99},  # the controller's bookkeeping: never served
+    )
+    views = {("acme", "math"): view}
+
+    def read(repo, tenant, policy):
+        v = views.get((tenant, policy))
+        return None if v is None else v.model_dump(mode="json", exclude={"offsets", "early_scores"})
+
+    monkeypatch.setattr(gateway.lifecycle, "canary_view", read)
+    mint = remote(catalog, http)
+    got = mint.canary_status("math")
+    assert got is not None and (got.revision, got.share, got.canary.answers) == (2, 0.1, 7)
+    assert got.canary_id == view.canary_id and got.offsets == {}
+    assert mint.canary_status("math", alias="staging") is None
+    assert mint.canary_status("code") is None  # never had one
+    raw = http.get("/mint/v1/policies/math/canary", headers=mint.http.headers).json()
+    assert raw["object"] == "canary" and "offsets" not in raw["view"]
+    with pytest.raises(RemoteError) as other:
+        remote(catalog, http, tenant="globex").canary_status("math")
+    assert other.value.status == 404

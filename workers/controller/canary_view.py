@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from schemas.events import CanaryRule, CanarySide
 
@@ -94,3 +94,26 @@ def verdict(view: CanaryView) -> tuple[str, str] | None:
 def _figures(s: CanarySide) -> str:
     score = f", mean score {s.mean_score:.3f} of {s.scores}" if s.scores else ""
     return f"r{s.revision}: {s.answers} answers, {s.failure_rate:.2%} failed{score}"
+
+
+def read_canary_view(session: Any, keyspace: str, tenant: str, policy: str) -> CanaryView | None:
+    """The controller's view of ``tenant/policy``'s latest canary (one per policy at a time,
+    on the alias it names; its ``worker_state`` document), running or decided, or None when
+    the policy never had one. One read for the SDK, the CLI and the gateway."""
+    from catalog.state import StateTable
+    from schemas.envelope import validation_message
+    from schemas.exceptions import MintError
+
+    doc = StateTable(session, keyspace, CANARY_STATE).get(canary_key(tenant, policy))
+    if doc is None:
+        return None
+    try:
+        return CanaryView.model_validate(doc)
+    except ValidationError as e:  # a controller of another version wrote it
+        raise MintError(
+            validation_message(
+                e,
+                f"the controller's canary view of {tenant}/{policy} is not one this client "
+                "reads (upgrade the client to the controller's version)",
+            )
+        ) from None

@@ -70,9 +70,14 @@ def test_tenant_lists_promotes_and_rolls_back_with_a_key_alone(
             assert (canary.revision, canary.incumbent_revision, canary.share) == (2, 1, 0.5)
             route = repo.get_canary("acme", "math", "prod")
             assert route is not None and str(route.canary_id) == canary.canary_id
+            running = mint.canary_status("math")  # the controller's view, as it wrote it
+            assert running is not None and str(running.canary_id) == canary.canary_id
+            assert running.decision is None and (running.revision, running.share) == (2, 0.5)
             assert mint.feedback("math", "req-unknown", 0.9)  # accepted; joined to nothing
             ended = mint.rollback("math")  # ends the canary; prod stays on revision 1
             assert (ended.canary_id, ended.outcome) == (canary.canary_id, "rolled_back")
+            decided = mint.canary_status("math")
+            assert decided is not None and decided.decision.outcome == "rolled_back"
             assert repo.get_canary("acme", "math", "prod") is None
             assert [(a.alias, a.revision) for a in mint.aliases("math")] == [("prod", 1)]
             mint.configure("math", suite="toy-even", thresholds={"reward": {"min": 0.6}})
