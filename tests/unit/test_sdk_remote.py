@@ -130,8 +130,8 @@ def test_canary_status_reads_the_controllers_view_through_the_gateway(world, mon
     import uuid
     from datetime import UTC, datetime
 
-    import gateway.lifecycle
     from schemas.events import CanarySide
+    from workers.controller import canary_view
     from workers.controller.canary_view import CanaryView
 
     catalog, _, _, http = world
@@ -147,12 +147,8 @@ def test_canary_status_reads_the_controllers_view_through_the_gateway(world, mon
         offsets={"mint.infer.results:0": 99},  # the controller's bookkeeping: never served
     )
     views = {("acme", "math"): view}
-
-    def read(repo, tenant, policy):
-        v = views.get((tenant, policy))
-        return None if v is None else v.model_dump(mode="json", exclude={"offsets", "early_scores"})
-
-    monkeypatch.setattr(gateway.lifecycle, "canary_view", read)
+    catalog.catalog.session, catalog.catalog.keyspace = None, "ks"  # the fake reader's
+    monkeypatch.setattr(canary_view, "read_canary_view", lambda _s, _k, t, p: views.get((t, p)))
     mint = remote(catalog, http)
     got = mint.canary_status("math")
     assert got is not None and (got.revision, got.share, got.canary.answers) == (2, 0.1, 7)
