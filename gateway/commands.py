@@ -2,7 +2,7 @@
 commands out on their topics, ``serving.events`` followed (every partition from its end, no
 consumer group) for the answer whose ``causation_id`` is the command's id: ``alias.moved``,
 ``canary.started`` (a canary command), ``canary.ended`` (a rollback that ends a running
-canary) or ``serving.refused``. The same producer publishes the commands that have no answer
+canary), ``revision.tagged`` (a tag command) or ``serving.refused``. The same producer publishes the commands that have no answer
 (``policy.configured``, ``feedback.submitted``)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from schemas.exceptions import SchemaError
 from schemas.registry import decode_event
 from schemas.settings import MintSettings
 
-ANSWERS = ("alias.moved", "canary.started", "canary.ended", "serving.refused")
+ANSWERS = ("alias.moved", "canary.started", "canary.ended", "revision.tagged", "serving.refused")
 
 
 class MoveTimeout(ApiError):
@@ -111,8 +111,8 @@ class KafkaCommands:
             except TimeoutError:
                 raise MoveTimeout(
                     f"the controller did not answer within {timeout_s:g} s; the command stays "
-                    "queued and is carried out when the controller runs: check "
-                    "GET /mint/v1/policies/{policy}/aliases before sending it again"
+                    "queued and is carried out when the controller runs: check the policy's "
+                    "aliases (or the revision's tags) before sending it again"
                 ) from None
         finally:
             with self._lock:

@@ -7,6 +7,8 @@
   canary?}``: with ``canary`` (a share in (0, 1)) a canary of ``revision`` instead of a move;
 - ``POST /mint/v1/policies/{policy}/rollback`` ``{alias, to_revision?, expected_revision?,
   reason?}`` (on an alias with a running canary: ends the canary, the alias stays);
+- ``POST /mint/v1/policies/{policy}/revisions/{revision}/tags`` ``{add?, remove?}``: a
+  revision's labels (``revision.tag``, carried out by the controller: the tags afterwards);
 - ``GET  /mint/v1/policies/{policy}/canary``: the controller's view of its latest canary (live
   or decided; ``null`` when it never had one), as ``mint canary status`` shows it;
 - ``PUT  /mint/v1/policies/{policy}/lifecycle`` ``{suite, thresholds?, promote_to?, ...}``: its
@@ -32,7 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import structlog
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from catalog.exceptions import InvalidReference, NotFound
 from catalog.refs import check_alias, check_name
@@ -45,9 +47,10 @@ from schemas.events import (
     PolicyConfigured,
     PromoteCommand,
     RollbackCommand,
+    TagCommand,
     Threshold,
 )
-from schemas.names import AliasName, MetricName
+from schemas.names import AliasName, MetricName, TagName
 from schemas.settings import MintSettings
 
 if TYPE_CHECKING:
@@ -117,6 +120,22 @@ class RollbackBody(AliasBody):
     reason: str = Field("", max_length=1024)
 
 
+class TagBody(BaseModel):
+    """Tags to add to a revision and to take off (a registry's labels)."""
+
+    model_config = ConfigDict(extra="forbid")
+    add: list[TagName] = Field(default_factory=list, max_length=32)
+    remove: list[TagName] = Field(default_factory=list, max_length=32)
+
+    @model_validator(mode="after")
+    def _something(self) -> TagBody:
+        if not self.add and not self.remove:
+            raise ValueError("give a tag to add or one to remove")
+        if both := sorted(set(self.add) & set(self.remove)):
+            raise ValueError(f"{', '.join(both)} both added and removed (name each tag once)")
+        return self
+
+
 class LifecycleBody(BaseModel):
     """A policy's lifecycle (PolicyConfigured without its base model): a full replacement."""
 
@@ -156,8 +175,16 @@ def commands_of(gw: Gateway) -> Commands | None:
 
 
 def answer_body(policy: str, answer: Any) -> dict[str, Any]:
-    """The controller's answer to an alias command, as the route returns it."""
-    p, out = answer.payload, {"policy": policy, "alias": answer.payload.alias}
+    """The controller's answer to a serving command, as the route returns it."""
+    p, event_id = answer.payload, str(answer.event_id)
+    if answer.type == "revision.tagged":
+        return {
+            "policy": policy,
+            "revision": p.revision,
+            "tags": list(p.tags),
+            "event_id": event_id,
+        }
+    out = {"policy": policy, "alias": p.alias}
     if answer.type == "canary.started":
         out |= {
             "revision": p.revision,
@@ -169,7 +196,7 @@ def answer_body(policy: str, answer: Any) -> dict[str, Any]:
         out |= {"canary_id": str(p.canary_id), "outcome": p.outcome, "reason": p.reason}
     else:  # alias.moved
         out |= {"from_revision": p.from_revision, "to_revision": p.to_revision, "cause": p.cause}
-    return {**out, "event_id": str(answer.event_id)}
+    return {**out, "event_id": event_id}
 
 
 def canary_view(repo: Any, tenant: str, policy: str) -> dict[str, Any] | None:
@@ -240,10 +267,11 @@ def build_router(gw: Gateway) -> APIRouter:
         env = make_event(payload, tenant=tenant, policy=policy, producer=gw.producer_name)
         answer = await commands.send(env, MOVE_TIMEOUT_S)
         p = answer.payload
-        log.info("alias command answered", policy=env.policy_id, type=answer.type, alias=p.alias)
+        log.info("serving command answered", policy=env.policy_id, type=answer.type)
         if answer.type == "serving.refused":
+            what = f"@{env.payload.revision}" if env.type == "revision.tag" else f"@{p.alias}"
             raise MoveRefused(
-                f"{env.type} of {policy}@{p.alias} refused: {p.reason}", p.current_revision
+                f"{env.type} of {policy}{what} refused: {p.reason}", p.current_revision
             )
         return JSONResponse(answer_body(policy, answer))
 
@@ -324,6 +352,20 @@ def build_router(gw: Gateway) -> APIRouter:
         fields = req.model_dump()
         fields["reason"] = fields["reason"] or "rollback"
         cmd = RollbackCommand(**fields, requested_by=f"key/{request.state.key_id}")
+        return await move(tenant, policy, cmd)
+
+    @router.post("/policies/{policy}/revisions/{revision}/tags")
+    async def tag(request: Request, policy: str, revision: str) -> JSONResponse:
+        tenant = await tenant_of(request)
+        await policy_of(tenant, policy)
+        if not (revision.isdigit() and len(revision) < 10 and int(revision) >= 1):
+            raise BadRequest(
+                f"revision {revision[:20]!r} must be a number from 1", param="revision"
+            )
+        req = await body(request, TagBody)
+        cmd = TagCommand(
+            revision=int(revision), **req.model_dump(), requested_by=f"key/{request.state.key_id}"
+        )
         return await move(tenant, policy, cmd)
 
     @router.get("/policies/{policy}/canary")

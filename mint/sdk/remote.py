@@ -10,6 +10,7 @@ Cassandra credentials), through the gateway's ``/mint/v1`` and OpenAI endpoints.
         mint.promote("math-rl", 8, canary=0.1)     # a tenth of prod's callers get 8
         mint.feedback("math-rl", answer.id, 0.9)   # an online score of that answer
         mint.rollback("math-rl")                   # ends a running canary (else moves back)
+        mint.tag("math-rl", 7, add=["reviewed"])   # the revision's tags afterwards
 
 The verbs keep the direct client's names and arguments; the tenant is the key's. A promote or
 rollback is a serving command the controller carries out (compare-and-set on the alias); a
@@ -218,6 +219,16 @@ class RemoteMintClient:
         data = self._call("GET", f"{API}/policies/{policy}/canary").json()["view"]
         view = None if data is None else CanaryView.model_validate(data)
         return view if view is not None and alias in (None, view.alias) else None
+
+    def tag(
+        self, policy: str, revision: int, add: Sequence[str] = (), remove: Sequence[str] = ()
+    ) -> list[str]:
+        """Add ``add`` to revision ``revision``'s tags and take ``remove`` off (through the
+        controller, like the direct client's ``tag``); returns the revision's tags afterwards,
+        sorted. A bad tag is a 400 (RemoteError), a revision the catalog lacks CommandRefused."""
+        body = {"add": list(add), "remove": list(remove)}
+        r = self._call("POST", f"{API}/policies/{policy}/revisions/{revision}/tags", json=body)
+        return list(r.json()["tags"])
 
     def feedback(self, policy: str, request_id: str, score: float, comment: str = "") -> str:
         """Score one answer of ``policy`` (``request_id``: its response id or the engine's

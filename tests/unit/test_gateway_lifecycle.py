@@ -16,7 +16,7 @@ from gateway import GatewayConfig, create_app
 from gateway.commands import MoveTimeout
 from gateway.service import Gateway
 from schemas import make_event
-from schemas.events import AliasMoved, ServingRefused
+from schemas.events import AliasMoved, RevisionTagged, ServingRefused
 from tests.unit.test_gateway_app import FakeCatalog, FakeEngines
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -125,9 +125,13 @@ class FakeCommands:
             answer = ServingRefused(
                 command_id=env.event_id,
                 command_type=env.type,
-                alias=p.alias,
+                alias=getattr(p, "alias", "prod"),  # a tag names no alias
                 reason=self.refuse,
                 current_revision=2,
+            )
+        elif env.type == "revision.tag":
+            answer = RevisionTagged(
+                revision=p.revision, tags=sorted(set(p.add)), requested_by=p.requested_by
             )
         else:
             to = p.revision if env.type == "serving.promote" else (p.to_revision or 1)

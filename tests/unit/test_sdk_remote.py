@@ -78,6 +78,27 @@ def test_a_canary_and_its_feedback_through_the_gateway(world) -> None:
     assert ended.outcome == "rolled_back" and ended.canary_id  # (the fake's own id)
 
 
+def test_tags_through_the_gateway(world) -> None:
+    catalog, commands, _, http = world
+    mint = remote(catalog, http)
+    assert mint.tag("math", 2, add=["candidate", "reviewed"]) == ["candidate", "reviewed"]
+    sent = commands.sent[-1]
+    assert sent.type == "revision.tag" and sent.payload.revision == 2
+    assert sent.payload.requested_by.startswith("key/")
+    for bad in ({"add": []}, {"add": ["x"], "remove": ["x"]}, {"add": ["no spaces"]}):
+        r = http.post(
+            "/mint/v1/policies/math/revisions/2/tags", json=bad, headers=mint.http.headers
+        )
+        assert r.status_code == 400, (bad, r.text)
+    with pytest.raises(RemoteError) as bad_revision:
+        mint.tag("math", 0, add=["x"])
+    assert bad_revision.value.status == 400 and "revision" in str(bad_revision.value)
+    commands.refuse = "revision 9 of acme/math does not exist"
+    with pytest.raises(CommandRefused, match="revision.tag of math@9 refused"):
+        mint.tag("math", 9, add=["x"])
+    assert len([c for c in commands.sent if c.type == "revision.tag"]) == 2  # no bad one sent
+
+
 def test_gateway_errors_become_the_sdks_exceptions(world) -> None:
     catalog, commands, _, http = world
     mint = remote(catalog, http)

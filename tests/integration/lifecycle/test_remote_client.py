@@ -2,8 +2,8 @@
 gateway in this process (gateway.main.ThreadedServer), a real controller worker. The operator
 makes the tenants and keys and the catalog holds a policy with two revisions; the tenant lists
 them, promotes, and rolls back through the gateway (serving commands the controller carries
-out), runs a canary, scores an answer and ends the canary, configures the policy's lifecycle,
-and another tenant's key gets the same 404 as for a missing policy."""
+out), runs a canary, scores an answer, ends the canary, tags a revision, configures the
+policy's lifecycle, and another tenant's key gets the same 404 as for a missing policy."""
 
 from __future__ import annotations
 
@@ -78,6 +78,10 @@ def test_tenant_lists_promotes_and_rolls_back_with_a_key_alone(
             assert (ended.canary_id, ended.outcome) == (canary.canary_id, "rolled_back")
             decided = mint.canary_status("math")
             assert decided is not None and decided.decision.outcome == "rolled_back"
+            assert mint.tag("math", 2, add=["candidate", "reviewed"]) == ["candidate", "reviewed"]
+            assert mint.tag("math", 2, remove=["candidate"]) == ["reviewed"]
+            with pytest.raises(CommandRefused):
+                mint.tag("math", 9, add=["x"])  # no such revision: the controller says so
             assert repo.get_canary("acme", "math", "prod") is None
             assert [(a.alias, a.revision) for a in mint.aliases("math")] == [("prod", 1)]
             mint.configure("math", suite="toy-even", thresholds={"reward": {"min": 0.6}})
