@@ -290,9 +290,16 @@ class EngineGroup:
         return out
 
     def wait_members(
-        self, engine_ids: Iterable[str], timeout_s: float = 300.0, *, restart_dropped: bool = True
+        self,
+        engine_ids: Iterable[str],
+        timeout_s: float = 300.0,
+        *,
+        restart_dropped: bool = True,
+        steady_s: float = 0.0,
     ) -> dict:
-        """Wait until the group is stable with exactly ``engine_ids``, each holding partitions.
+        """Wait until the group is stable with exactly ``engine_ids``, each holding partitions,
+        and has kept that same assignment for ``steady_s`` (past the 10 s session, a member
+        that fell out of the group right after joining shows as missing).
 
         An engine that joined once (its log says so) and is missing from the stable group for
         ``DROPPED_S`` while its process runs fell out of the group without noticing (seen
@@ -302,12 +309,18 @@ class EngineGroup:
         want = set(engine_ids)
         deadline = time.monotonic() + timeout_s
         out_since: dict[str, float] = {}
+        steady: tuple[dict, float] | None = None  # the assignment seen, since when
         while True:
             self.check()
             members = self.members()
-            if set(members) == want and all(members.values()):
-                return members
             now = time.monotonic()
+            if set(members) == want and all(members.values()):
+                if steady is None or steady[0] != members:
+                    steady = (members, now)
+                if now - steady[1] >= steady_s:
+                    return members
+            else:
+                steady = None
             for eid in want & set(self.running):
                 dropped = bool(members) and eid not in members
                 joined = self.log_count(eid, ASSIGNED) > self._assigned_before.get(eid, 0)

@@ -225,7 +225,7 @@ def run_once(
         t = time.monotonic()
         with console.status(f"{label}starting {plan.engines} engine processes"):
             engines.start(*plan.engine_ids)
-            members = engines.wait_members(plan.engine_ids)
+            members = engines.wait_members(plan.engine_ids, steady_s=15)
         start_s = time.monotonic() - t
         say(
             f"{label}group stable after {start_s:.0f} s: "

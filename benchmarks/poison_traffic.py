@@ -280,7 +280,7 @@ def run(plan: Plan, smoke: bool, keep: bool) -> dict[str, Any]:
         ordinary, stolen = catalog(plan, settings, model, work)
         prompt, n_tokens = long_prompt(model, plan.long_prompt_tokens)
         out["long_prompt_tokens"] = n_tokens
-        members = engines.wait_members(["e1", "e2"])
+        members = engines.wait_members(["e1", "e2"], steady_s=15)
         out["engines_start_s"] = round(time.monotonic() - t, 1)
         say(f"engines up after {out['engines_start_s']} s: {members}")
         sup = Supervisor(engines, side, settings)

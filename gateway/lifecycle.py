@@ -50,6 +50,7 @@ from schemas.events import (
     TagCommand,
     Threshold,
 )
+from schemas.events.serving import check_tag_change
 from schemas.names import AliasName, MetricName, TagName
 from schemas.settings import MintSettings
 
@@ -128,11 +129,8 @@ class TagBody(BaseModel):
     remove: list[TagName] = Field(default_factory=list, max_length=32)
 
     @model_validator(mode="after")
-    def _something(self) -> TagBody:
-        if not self.add and not self.remove:
-            raise ValueError("give a tag to add or one to remove")
-        if both := sorted(set(self.add) & set(self.remove)):
-            raise ValueError(f"{', '.join(both)} both added and removed (name each tag once)")
+    def _a_change(self) -> TagBody:  # checked here too: a bad body is a 400, and nothing is sent
+        check_tag_change(self.add, self.remove)
         return self
 
 

@@ -22,7 +22,15 @@ watches each partition it owns from what the client already knows locally (no br
 - **no coordinator** (a group member): it has known no group coordinator for ``silent_s``,
   whatever it believes of its group (the same limbo met while joining or rebalancing, where
   heartbeats pause and the rule above cannot tell). A broker away that long is waited out all
-  the same: a new client cannot be made then, and the old one is kept and watched again.
+  the same: a new client cannot be made then, and the old one is kept and watched again;
+- **no join** (a group member): it has been joining (or rejoining) its group for ``join_s``
+  (150 s) with a coordinator known. kafka-python pauses heartbeats during a join, so a join
+  that never completes is silent: the broker drops the member after the 10 s session and the
+  others take its partitions, while its polls return nothing and it never rejoins. Seen in CI:
+  an engine of the multi-engine test began its rejoin 0.5 s after its first assignment, never
+  logged the next one, and sat out of its group for 2 minutes until the test ended. A join waits
+  for every member (a peer finishing its running requests takes up to 60 s), so the limit is
+  well past that; a new client during a long legitimate wait only joins the same wait again.
 
 A paused partition (an outage waited out) is not watched. ``limit_s`` (90 s) is past
 kafka-python's transaction timeout (60 s): a ``read_committed`` consumer stops at an open
@@ -56,7 +64,8 @@ class _Seen:
 @dataclass(frozen=True)
 class Stall:
     partition: TopicPartition | None  # None: the member itself (no_heartbeat, no_coordinator)
-    reason: str  # never_fetched | no_position | not_handed_out | no_heartbeat | no_coordinator
+    # never_fetched | no_position | not_handed_out | no_heartbeat | no_coordinator | no_join
+    reason: str
     for_s: float
     position: int | None
     highwater: int | None
@@ -64,6 +73,8 @@ class Stall:
     def describe(self) -> str:
         if self.reason == "no_coordinator":
             return f"group member: no group coordinator known for {self.for_s:.0f} s"
+        if self.reason == "no_join":
+            return f"group member: joining its group for {self.for_s:.0f} s without an assignment"
         if self.partition is None:
             return f"group member: no heartbeat answered for {self.for_s:.0f} s"
         tp = f"{self.partition.topic}[{self.partition.partition}]"
@@ -91,12 +102,14 @@ class StallWatch:
         clock: Callable[[], float] = time.monotonic,
         unresolved_s: float | None = None,
         silent_s: float = 60.0,
+        join_s: float = 150.0,
     ) -> None:
         self.limit_s, self.every_s, self.clock = limit_s, every_s, clock
         # Past the 10 s session (the broker dropped the member long since) and past the 20-42 s
         # a one-node broker is away in the fault-injection runs (the client comes back itself).
-        self.silent_s = silent_s
+        self.silent_s, self.join_s = silent_s, join_s
         self._stable_since: float | None = None
+        self._joining_since: float | None = None
         self._coordinator_lost: float | None = None  # when the member last knew none
         # Never fetched, or no position: the same 90 s by default. Shorter would recover sooner
         # but would also catch slow rebalances on a loaded machine (a new client is a rebalance
@@ -112,6 +125,7 @@ class StallWatch:
         self._seen.clear()
         self._returned.clear()
         self._stable_since = None
+        self._joining_since = None
         self._coordinator_lost = None
 
     def check(
@@ -123,6 +137,8 @@ class StallWatch:
         if self._last is not None and now - self._last > self.BUSY_GAP_S:
             for seen in self._seen.values():
                 seen.since += now - self._last
+            if self._joining_since is not None:
+                self._joining_since += now - self._last
         self._last = now
         self._returned.update(returned)
         if now < self._due:
@@ -168,8 +184,8 @@ class StallWatch:
         return stalls
 
     def _silent_member(self, consumer: KafkaConsumer, now: float) -> Stall | None:
-        """A member that has known no coordinator for ``silent_s``, or that believes its group
-        is stable but whose heartbeats go unanswered.
+        """A member that has known no coordinator for ``silent_s``, that has been joining for
+        ``join_s``, or that believes its group is stable but whose heartbeats go unanswered.
         Reads kafka-python's coordinator state (no public API); a client without it is not
         watched this way. Both clocks are ``time.monotonic`` unless a test fakes them."""
         coordinator = getattr(consumer, "_coordinator", None)
@@ -187,7 +203,14 @@ class StallWatch:
             return Stall(None, "no_coordinator", lost, None, None)
         if not coordinator.stable():
             self._stable_since = None  # unjoined or rebalancing: heartbeats pause meanwhile
-            return None
+            if self._coordinator_lost is not None:  # that rule's own clock runs
+                self._joining_since = None
+                return None
+            if self._joining_since is None:
+                self._joining_since = now
+            joining = now - self._joining_since
+            return Stall(None, "no_join", joining, None, None) if joining >= self.join_s else None
+        self._joining_since = None
         if self._stable_since is None:
             self._stable_since = now
         silent = now - max(heartbeat.last_receive, self._stable_since)

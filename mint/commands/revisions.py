@@ -242,13 +242,15 @@ def tag(reference: str, tags: list[str], remove: list[str], timeout: float) -> N
     from catalog.refs import parse_ref
     from mint.sdk import MintError
     from mint.sdk.exceptions import WaitTimeout
+    from schemas.events.serving import check_tag_change
     from streams.exceptions import KafkaUnavailable, PublishError
 
-    if not tags and not remove:
-        raise click.UsageError("give a TAG to add or --remove TAG (see --help)")
-    both = sorted(set(tags) & set(remove))
-    if both:
-        raise click.UsageError(f"{', '.join(both)}: both added and removed; name each tag once")
+    try:  # before connecting: the command's own rule
+        check_tag_change(tags, remove)
+    except ValueError as e:
+        raise click.UsageError(
+            f"{e}: give TAG arguments and/or --remove TAG (see --help)"
+        ) from None
     if "@" not in reference:
         raise click.BadParameter(
             f"{reference!r} names no revision: give tenant/policy@N, @alias or @sha256:…",

@@ -23,7 +23,6 @@ from mint.sdk.serving import _build
 from mint.sdk.watcher import answering
 from schemas import Envelope
 from schemas.events import RetireCommand, TagCommand
-from schemas.exceptions import EventValidationError
 
 
 class RegistryVerbs:
@@ -44,16 +43,6 @@ class RegistryVerbs:
         fact carries the whole set). A bad tag, or nothing to do, raises EventValidationError
         before anything is sent; a revision the catalog lacks raises CommandRefused."""
         add, remove = list(dict.fromkeys(add)), list(dict.fromkeys(remove))
-        if not add and not remove:
-            raise EventValidationError(
-                "cannot send revision.tag: give a tag to add or one to remove"
-            )
-        both = sorted(set(add) & set(remove))
-        if both:
-            raise EventValidationError(
-                f"cannot send revision.tag: {', '.join(both)} both added and removed "
-                "(name each tag once)"
-            )
         cmd = self.send(
             policy,
             _build(

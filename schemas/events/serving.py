@@ -4,9 +4,10 @@ refusal of a command that could not be carried out."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from schemas.envelope import Command, Payload
 from schemas.names import AliasName, Digest, StoreUri, TagName
@@ -112,6 +113,15 @@ class RetireCommand(Command):
     requested_by: str = Field("", max_length=256)
 
 
+def check_tag_change(add: Collection[str], remove: Collection[str]) -> None:
+    """The one rule of a tag change, wherever one enters (this command, the gateway's body, the
+    CLI before it connects): something to do, and no tag both added and removed."""
+    if not add and not remove:
+        raise ValueError("give a tag to add or one to remove")
+    if both := sorted(set(add) & set(remove)):
+        raise ValueError(f"{', '.join(both)} both added and removed (name each tag once)")
+
+
 class TagCommand(Command):
     """Command: add tags to a revision and remove others (a registry's labels: "candidate",
     "reviewed", "release-2026-12"). Carried out by the controller as ``revision.tagged``."""
@@ -123,6 +133,11 @@ class TagCommand(Command):
     add: list[TagName] = Field(default_factory=list, max_length=32)
     remove: list[TagName] = Field(default_factory=list, max_length=32)
     requested_by: str = Field("", max_length=256)
+
+    @model_validator(mode="after")
+    def _a_change(self) -> TagCommand:
+        check_tag_change(self.add, self.remove)
+        return self
 
 
 class RevisionTagged(Payload):

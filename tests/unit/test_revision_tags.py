@@ -255,8 +255,8 @@ def test_a_bad_tag_is_a_usage_error_naming_it_and_the_rule(cli, bad: str, where:
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["acme/math@3"], "give a TAG to add or --remove TAG"),
-        (["acme/math@3", "x", "--remove", "x"], "x: both added and removed"),
+        (["acme/math@3"], "give a tag to add or one to remove: give TAG arguments"),
+        (["acme/math@3", "x", "--remove", "x"], "x both added and removed"),
         (["acme/math", "x"], "names no revision"),
         (["acme@3", "x"], "tenant/policy"),
         (["acme/math@Bad Alias", "x"], "alias"),

@@ -170,7 +170,7 @@ def test_heartbeats_are_not_expected_while_the_group_rebalances_or_without_a_gro
     consumer.high[TP0], consumer.pos[TP0] = 40, 40
     watch = StallWatch(limit_s=90, clock=clock, silent_s=60)
     consumer._coordinator.is_stable = False  # joining: kafka-python pauses heartbeats
-    assert polls(watch, consumer, clock, 300) == []
+    assert polls(watch, consumer, clock, 140) == []
     consumer._coordinator.is_stable = True  # joined: the clock starts now
     assert polls(watch, consumer, clock, 59) == []
     assert [s.reason for s in polls(watch, consumer, clock, 2)] == ["no_heartbeat"]
@@ -187,7 +187,7 @@ def test_a_member_that_knows_no_coordinator_for_a_minute_is_replaced_even_while_
     consumer.high[TP0], consumer.pos[TP0] = 40, 40
     watch = StallWatch(limit_s=90, clock=clock, silent_s=60)
     consumer._coordinator.is_stable = False
-    assert polls(watch, consumer, clock, 300) == []  # a long join with a coordinator: fine
+    assert polls(watch, consumer, clock, 140) == []  # a long join with a coordinator: fine
     consumer._coordinator.coordinator_id = None
     assert polls(watch, consumer, clock, 50) == []
     consumer._coordinator.coordinator_id = "coordinator-1"  # found again
@@ -199,3 +199,33 @@ def test_a_member_that_knows_no_coordinator_for_a_minute_is_replaced_even_while_
     assert stall.describe() == "group member: no group coordinator known for 60 s"
     watch.reset()  # a new client: its own minute
     assert polls(watch, consumer, clock, 59) == []
+
+
+def test_a_join_that_never_completes_is_replaced_after_join_s() -> None:
+    """kafka-python pauses heartbeats while it joins: a join that never completes is silent
+    (the broker drops the member and its polls return nothing), so its length tells."""
+    clock, consumer = Clock(), grouped(TP0)
+    consumer.high[TP0], consumer.pos[TP0] = 40, 40
+    watch = StallWatch(limit_s=90, clock=clock, silent_s=60, join_s=150)
+    consumer._coordinator.is_stable = False
+    assert polls(watch, consumer, clock, 100) == []
+    consumer._coordinator.is_stable = True  # joined: a later join has its own clock
+    assert polls(watch, consumer, clock, 5) == []
+    consumer._coordinator.heartbeat.last_receive = clock.now
+    consumer._coordinator.is_stable = False
+    assert polls(watch, consumer, clock, 149) == []
+    [stall] = polls(watch, consumer, clock, 2)
+    assert (stall.partition, stall.reason) == (None, "no_join")
+    assert stall.describe() == "group member: joining its group for 150 s without an assignment"
+    watch.reset()  # a new client joins: its own clock
+    assert polls(watch, consumer, clock, 149) == []
+
+
+def test_a_host_busy_between_polls_does_not_count_against_its_join() -> None:
+    clock, consumer = Clock(), grouped()  # eager rebalancing: nothing owned while it joins
+    watch = StallWatch(limit_s=90, clock=clock, silent_s=60, join_s=150)
+    consumer._coordinator.is_stable = False
+    assert polls(watch, consumer, clock, 100) == []
+    clock.now += 600  # a handler (an evaluation wave) kept this loop unpolled
+    assert polls(watch, consumer, clock, 49) == []
+    assert [s.reason for s in polls(watch, consumer, clock, 3)] == ["no_join"]

@@ -82,7 +82,8 @@ def deployment(kafka_ready, cassandra_cluster, tiny_llama: Path, tmp_path_factor
         adapters = eg.build_catalog(settings, tiny_llama, 360, work)
         collector = tr.Collector(settings).__enter__()
         up = tr.Upstream(settings, adapters, max_tokens=4)
-        engines.wait_members(["e1", "e2"], timeout_s=400)
+        # steady past the session: an engine that fell out right after joining shows here
+        engines.wait_members(["e1", "e2"], timeout_s=400, steady_s=15)
         yield Deployment(settings, adapters, engines, collector, up, set())
     finally:
         engines.close()
