@@ -19,7 +19,14 @@ from schemas.exceptions import SchemaError
 from schemas.registry import decode_event
 from schemas.settings import MintSettings
 
-ANSWERS = ("alias.moved", "canary.started", "canary.ended", "revision.tagged", "serving.refused")
+ANSWERS = (
+    "alias.moved",
+    "canary.started",
+    "canary.ended",
+    "revision.tagged",
+    "policy.retired",
+    "serving.refused",
+)
 
 
 class MoveTimeout(ApiError):

@@ -9,6 +9,9 @@
   reason?}`` (on an alias with a running canary: ends the canary, the alias stays);
 - ``POST /mint/v1/policies/{policy}/revisions/{revision}/tags`` ``{add?, remove?}``: a
   revision's labels (``revision.tag``, carried out by the controller: the tags afterwards);
+- ``POST /mint/v1/policies/{policy}/retire`` ``{reason?, undo?}``: retire the policy (no new
+  revisions or alias moves; what it has stays readable and served) or restore it
+  (``policy.retire``, carried out by the controller: its ``policy.retired``);
 - ``GET  /mint/v1/policies/{policy}/canary``: the controller's view of its latest canary (live
   or decided; ``null`` when it never had one), as ``mint canary status`` shows it;
 - ``PUT  /mint/v1/policies/{policy}/lifecycle`` ``{suite, thresholds?, promote_to?, ...}``: its
@@ -34,24 +37,30 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import structlog
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel
 
 from catalog.exceptions import InvalidReference, NotFound
-from catalog.refs import check_alias, check_name
+from catalog.refs import check_name
 from gateway.api import parse_json, validate_body
 from gateway.commands import Commands, KafkaCommands
 from gateway.errors import ApiError, BadRequest, Unavailable
+from gateway.lifecycle_bodies import (
+    LifecycleBody,
+    PromoteBody,
+    RetireBody,
+    RollbackBody,
+    TagBody,
+    answer_body,
+)
 from schemas.envelope import make_event
 from schemas.events import (
     CanaryCommand,
     PolicyConfigured,
     PromoteCommand,
+    RetireCommand,
     RollbackCommand,
     TagCommand,
-    Threshold,
 )
-from schemas.events.serving import check_tag_change
-from schemas.names import AliasName, MetricName, TagName
 from schemas.settings import MintSettings
 
 if TYPE_CHECKING:
@@ -94,59 +103,6 @@ class MoveRefused(ApiError):
         return out
 
 
-class AliasBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    alias: str = "prod"
-
-    @field_validator("alias")
-    @classmethod
-    def _alias(cls, v: str) -> str:
-        try:
-            return check_alias(v)
-        except InvalidReference as e:
-            raise ValueError(str(e)) from None
-
-
-class PromoteBody(AliasBody):
-    revision: int = Field(ge=1)
-    expected_revision: int | None = Field(None, ge=1)
-    reason: str = Field("", max_length=1024)
-    # a share of the alias's callers for a canary of ``revision`` (None: move the alias)
-    canary: float | None = Field(None, gt=0.0, lt=1.0, strict=True)
-
-
-class RollbackBody(AliasBody):
-    to_revision: int | None = Field(None, ge=1)
-    expected_revision: int | None = Field(None, ge=1)
-    reason: str = Field("", max_length=1024)
-
-
-class TagBody(BaseModel):
-    """Tags to add to a revision and to take off (a registry's labels)."""
-
-    model_config = ConfigDict(extra="forbid")
-    add: list[TagName] = Field(default_factory=list, max_length=32)
-    remove: list[TagName] = Field(default_factory=list, max_length=32)
-
-    @model_validator(mode="after")
-    def _a_change(self) -> TagBody:  # checked here too: a bad body is a 400, and nothing is sent
-        check_tag_change(self.add, self.remove)
-        return self
-
-
-class LifecycleBody(BaseModel):
-    """A policy's lifecycle (PolicyConfigured without its base model): a full replacement."""
-
-    model_config = ConfigDict(extra="forbid")
-    suite: str = Field(min_length=1, max_length=128)
-    thresholds: dict[MetricName, Threshold] = Field(default_factory=dict, max_length=32)
-    promote_to: AliasName = "prod"
-    auto_evaluate: bool = True
-    auto_promote: bool = True
-    rollback_metric: MetricName | None = None
-    rollback_tolerance: float = Field(0.0, ge=0.0)
-
-
 def _validated(model: type[M], raw: bytes) -> M:
     """The body as ``model`` (an empty body: ``{}``); a 400 names the field, what was given and
     what is expected (gateway.api.validate_body)."""
@@ -170,31 +126,6 @@ def commands_of(gw: Gateway) -> Commands | None:
         gw.lifecycle_commands = made  # type: ignore[attr-defined]
         return made
     return None
-
-
-def answer_body(policy: str, answer: Any) -> dict[str, Any]:
-    """The controller's answer to a serving command, as the route returns it."""
-    p, event_id = answer.payload, str(answer.event_id)
-    if answer.type == "revision.tagged":
-        return {
-            "policy": policy,
-            "revision": p.revision,
-            "tags": list(p.tags),
-            "event_id": event_id,
-        }
-    out = {"policy": policy, "alias": p.alias}
-    if answer.type == "canary.started":
-        out |= {
-            "revision": p.revision,
-            "incumbent_revision": p.incumbent_revision,
-            "share": p.share,
-            "canary_id": str(p.canary_id),
-        }
-    elif answer.type == "canary.ended":
-        out |= {"canary_id": str(p.canary_id), "outcome": p.outcome, "reason": p.reason}
-    else:  # alias.moved
-        out |= {"from_revision": p.from_revision, "to_revision": p.to_revision, "cause": p.cause}
-    return {**out, "event_id": event_id}
 
 
 def canary_view(repo: Any, tenant: str, policy: str) -> dict[str, Any] | None:
@@ -267,7 +198,10 @@ def build_router(gw: Gateway) -> APIRouter:
         p = answer.payload
         log.info("serving command answered", policy=env.policy_id, type=answer.type)
         if answer.type == "serving.refused":
-            what = f"@{env.payload.revision}" if env.type == "revision.tag" else f"@{p.alias}"
+            if env.type == "revision.tag":
+                what = f"@{env.payload.revision}"
+            else:  # a retire names the policy itself
+                what = "" if env.type == "policy.retire" else f"@{p.alias}"
             raise MoveRefused(
                 f"{env.type} of {policy}{what} refused: {p.reason}", p.current_revision
             )
@@ -363,6 +297,16 @@ def build_router(gw: Gateway) -> APIRouter:
         req = await body(request, TagBody)
         cmd = TagCommand(
             revision=int(revision), **req.model_dump(), requested_by=f"key/{request.state.key_id}"
+        )
+        return await move(tenant, policy, cmd)
+
+    @router.post("/policies/{policy}/retire")
+    async def retire(request: Request, policy: str) -> JSONResponse:
+        tenant = await tenant_of(request)
+        await policy_of(tenant, policy)
+        req = await body(request, RetireBody)
+        cmd = RetireCommand(
+            retired=not req.undo, reason=req.reason, requested_by=f"key/{request.state.key_id}"
         )
         return await move(tenant, policy, cmd)
 

@@ -69,12 +69,14 @@ class Stall:
     for_s: float
     position: int | None
     highwater: int | None
+    detail: str = ""  # the client's own state where it says more (no_join)
 
     def describe(self) -> str:
         if self.reason == "no_coordinator":
             return f"group member: no group coordinator known for {self.for_s:.0f} s"
         if self.reason == "no_join":
-            return f"group member: joining its group for {self.for_s:.0f} s without an assignment"
+            said = f" ({self.detail})" if self.detail else ""
+            return f"group member: joining its group for {self.for_s:.0f} s without an assignment{said}"
         if self.partition is None:
             return f"group member: no heartbeat answered for {self.for_s:.0f} s"
         tp = f"{self.partition.topic}[{self.partition.partition}]"
@@ -209,12 +211,27 @@ class StallWatch:
             if self._joining_since is None:
                 self._joining_since = now
             joining = now - self._joining_since
-            return Stall(None, "no_join", joining, None, None) if joining >= self.join_s else None
+            if joining < self.join_s:
+                return None
+            return Stall(None, "no_join", joining, None, None, _join_state(coordinator))
         self._joining_since = None
         if self._stable_since is None:
             self._stable_since = now
         silent = now - max(heartbeat.last_receive, self._stable_since)
         return Stall(None, "no_heartbeat", silent, None, None) if silent >= self.silent_s else None
+
+
+def _join_state(coordinator: object) -> str:
+    """What kafka-python says of a join that does not end (private fields, read defensively):
+    for the next look at why one hangs."""
+    task = getattr(coordinator, "_join_task", None)
+    parts = {
+        "state": getattr(coordinator, "state", None),
+        "rejoining": getattr(coordinator, "rejoining", None),
+        "generation": getattr(getattr(coordinator, "_generation", None), "generation_id", None),
+        "join_task": None if task is None else ("done" if task.is_done else "pending"),
+    }
+    return ", ".join(f"{k}={v}" for k, v in parts.items())
 
 
 def report(reader: str, stalls: list[Stall]) -> None:

@@ -37,6 +37,7 @@ from mint.sdk.remote_types import (
     Completion,
     Moved,
     PolicyInfo,
+    Retirement,
     RevisionInfo,
     choice_logprobs,
     iso_time,
@@ -229,6 +230,15 @@ class RemoteMintClient:
         body = {"add": list(add), "remove": list(remove)}
         r = self._call("POST", f"{API}/policies/{policy}/revisions/{revision}/tags", json=body)
         return list(r.json()["tags"])
+
+    def retire(self, policy: str, reason: str = "", undo: bool = False) -> Retirement:
+        """Retire ``policy`` (``undo``: restore it) through the controller, like the direct
+        client's ``retire``: no new revisions or alias moves while retired; its revisions and
+        aliases stay readable and served. Returns the controller's answer (the catalog records
+        it when the projector reads it: ``policies()`` shows ``retired_at`` then)."""
+        body = {"reason": reason, "undo": undo}
+        d = self._call("POST", f"{API}/policies/{policy}/retire", json=body).json()
+        return Retirement(d["policy"], d["retired"], d["reason"], d["event_id"])
 
     def feedback(self, policy: str, request_id: str, score: float, comment: str = "") -> str:
         """Score one answer of ``policy`` (``request_id``: its response id or the engine's

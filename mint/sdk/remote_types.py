@@ -21,6 +21,16 @@ class PolicyInfo:
 
 
 @dataclass(frozen=True)
+class Retirement:
+    """The controller's ``policy.retired``: the policy is retired now (``retired``) or restored."""
+
+    policy: str
+    retired: bool
+    reason: str
+    event_id: str
+
+
+@dataclass(frozen=True)
 class RevisionInfo:
     revision: int
     digest: str

@@ -16,7 +16,7 @@ from gateway import GatewayConfig, create_app
 from gateway.commands import MoveTimeout
 from gateway.service import Gateway
 from schemas import make_event
-from schemas.events import AliasMoved, RevisionTagged, ServingRefused
+from schemas.events import AliasMoved, PolicyRetirement, RevisionTagged, ServingRefused
 from tests.unit.test_gateway_app import FakeCatalog, FakeEngines
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -128,6 +128,10 @@ class FakeCommands:
                 alias=getattr(p, "alias", "prod"),  # a tag names no alias
                 reason=self.refuse,
                 current_revision=2,
+            )
+        elif env.type == "policy.retire":
+            answer = PolicyRetirement(
+                retired=p.retired, reason=p.reason, requested_by=p.requested_by
             )
         elif env.type == "revision.tag":
             answer = RevisionTagged(

@@ -99,6 +99,28 @@ def test_tags_through_the_gateway(world) -> None:
     assert len([c for c in commands.sent if c.type == "revision.tag"]) == 2  # no bad one sent
 
 
+def test_retire_and_restore_through_the_gateway(world) -> None:
+    catalog, commands, _, http = world
+    mint = remote(catalog, http)
+    out = mint.retire("math", reason="superseded by math-v2")
+    assert (out.policy, out.retired, out.reason) == ("math", True, "superseded by math-v2")
+    sent = commands.sent[-1]
+    assert sent.type == "policy.retire" and sent.payload.retired is True
+    assert str(sent.event_id) != out.event_id and sent.payload.requested_by.startswith("key/")
+    assert mint.retire("math", undo=True).retired is False
+    assert commands.sent[-1].payload.retired is False
+    for bad in ({"undo": "yes"}, {"reason": "x" * 1025}, {"retired": False}):
+        r = http.post("/mint/v1/policies/math/retire", json=bad, headers=mint.http.headers)
+        assert r.status_code == 400, (bad, r.text)
+    with pytest.raises(RemoteError) as missing:
+        mint.retire("secret")  # globex's: the same 404 as a missing policy, nothing sent
+    assert missing.value.status == 404
+    commands.refuse = "PolicyNotFound: acme/math"
+    with pytest.raises(CommandRefused, match="policy.retire of math refused"):
+        mint.retire("math")
+    assert len([c for c in commands.sent if c.type == "policy.retire"]) == 3
+
+
 def test_gateway_errors_become_the_sdks_exceptions(world) -> None:
     catalog, commands, _, http = world
     mint = remote(catalog, http)

@@ -6,6 +6,7 @@ is one (``verdict`` applies the rule). ``mint canary status`` reads it live.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from datetime import datetime
 from typing import Any, Literal
@@ -96,15 +97,23 @@ def _figures(s: CanarySide) -> str:
     return f"r{s.revision}: {s.answers} answers, {s.failure_rate:.2%} failed{score}"
 
 
+@functools.lru_cache(maxsize=8)
+def _canary_table(session: Any, keyspace: str) -> Any:
+    """One StateTable (its two prepared statements) per session and keyspace: a gateway reads
+    a view per request, and preparing is a round trip to Cassandra."""
+    from catalog.state import StateTable
+
+    return StateTable(session, keyspace, CANARY_STATE)
+
+
 def read_canary_view(session: Any, keyspace: str, tenant: str, policy: str) -> CanaryView | None:
     """The controller's view of ``tenant/policy``'s latest canary (one per policy at a time,
     on the alias it names; its ``worker_state`` document), running or decided, or None when
     the policy never had one. One read for the SDK, the CLI and the gateway."""
-    from catalog.state import StateTable
     from schemas.envelope import validation_message
     from schemas.exceptions import MintError
 
-    doc = StateTable(session, keyspace, CANARY_STATE).get(canary_key(tenant, policy))
+    doc = _canary_table(session, keyspace).get(canary_key(tenant, policy))
     if doc is None:
         return None
     try:

@@ -2,8 +2,9 @@
 gateway in this process (gateway.main.ThreadedServer), a real controller worker. The operator
 makes the tenants and keys and the catalog holds a policy with two revisions; the tenant lists
 them, promotes, and rolls back through the gateway (serving commands the controller carries
-out), runs a canary, scores an answer, ends the canary, tags a revision, configures the
-policy's lifecycle, and another tenant's key gets the same 404 as for a missing policy."""
+out), runs a canary, scores an answer, ends the canary, tags a revision, retires and restores
+the policy, configures its lifecycle, and another tenant's key gets the same 404 as for a
+missing policy."""
 
 from __future__ import annotations
 
@@ -82,6 +83,9 @@ def test_tenant_lists_promotes_and_rolls_back_with_a_key_alone(
             assert mint.tag("math", 2, remove=["candidate"]) == ["reviewed"]
             with pytest.raises(CommandRefused):
                 mint.tag("math", 9, add=["x"])  # no such revision: the controller says so
+            retired = mint.retire("math", reason="superseded")  # the controller's policy.retired
+            assert (retired.retired, retired.reason) == (True, "superseded")
+            assert mint.retire("math", undo=True).retired is False
             assert repo.get_canary("acme", "math", "prod") is None
             assert [(a.alias, a.revision) for a in mint.aliases("math")] == [("prod", 1)]
             mint.configure("math", suite="toy-even", thresholds={"reward": {"min": 0.6}})
@@ -98,6 +102,7 @@ def test_tenant_lists_promotes_and_rolls_back_with_a_key_alone(
                 lambda: other.revisions("nothing"),
                 lambda: other.promote("math", 2),
                 lambda: other.rollback("math"),
+                lambda: other.retire("math"),
             ):
                 with pytest.raises(RemoteError) as e:
                     call()
