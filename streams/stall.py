@@ -63,7 +63,9 @@ class _Seen:
 
 @dataclass(frozen=True)
 class Stall:
-    partition: TopicPartition | None  # None: the member itself (no_heartbeat, no_coordinator, no_join)
+    partition: (
+        TopicPartition | None
+    )  # None: the member itself (no_heartbeat, no_coordinator, no_join)
     # never_fetched | no_position | not_handed_out | no_heartbeat | no_coordinator | no_join
     reason: str
     for_s: float
