@@ -207,7 +207,10 @@ class StallWatch:
             return Stall(None, "no_coordinator", lost, None, None)
         if not coordinator.stable():
             self._stable_since = None  # unjoined or rebalancing: heartbeats pause meanwhile
-            if self._coordinator_lost is not None:  # that rule's own clock runs
+            # A reader assigned its partitions (a follower keeping a position under a group id)
+            # never joins: only a subscribed member is expected to. The lost coordinator's rule
+            # has its own clock.
+            if not consumer.subscription() or self._coordinator_lost is not None:
                 self._joining_since = None
                 return None
             if self._joining_since is None:

@@ -21,9 +21,13 @@ class FakeConsumer:
         self.paused_tps: set[TopicPartition] = set()
         self.high: dict[TopicPartition, int | None] = dict.fromkeys(owned)
         self.pos: dict[TopicPartition, int | None] = dict.fromkeys(owned)
+        self.topics: set[str] | None = {"mint.t"}  # subscribed (None: partitions assigned)
 
     def assignment(self):
         return set(self.owned)
+
+    def subscription(self):
+        return self.topics
 
     def paused(self):
         return set(self.paused_tps)
@@ -221,6 +225,16 @@ def test_a_join_that_never_completes_is_replaced_after_join_s() -> None:
     )
     watch.reset()  # a new client joins: its own clock
     assert polls(watch, consumer, clock, 149) == []
+
+
+def test_a_reader_that_assigned_its_partitions_under_a_group_id_never_joins_and_is_fine() -> None:
+    """A follower keeping its position under a group id (a replay's re-drive) is never stable:
+    it never joins, and nothing expects it to."""
+    clock, consumer = Clock(), grouped(TP0)
+    consumer.high[TP0], consumer.pos[TP0], consumer.topics = 40, 40, None
+    consumer._coordinator.is_stable = False
+    watch = StallWatch(limit_s=90, clock=clock, silent_s=60, join_s=150)
+    assert polls(watch, consumer, clock, 600) == []
 
 
 def test_a_host_busy_between_polls_does_not_count_against_its_join() -> None:
