@@ -9,7 +9,10 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.errors import KafkaTimeoutError
 
 from schemas.settings import MintSettings
+from streams import join_fix
 from streams.exceptions import KafkaUnavailable
+
+join_fix.apply()  # before any consumer joins a group (streams/join_fix.py: why)
 
 # kafka-python backs off reconnects exponentially up to 30 s: after a broker restart its clients
 # would idle for up to that long. 2 s: the fault-injection run recovers from a Kafka kill -9
