@@ -11,12 +11,11 @@ nothing for good. Seen in CI twice in one day: a multi-engine test's engine and 
 rejoining, join task done). An engine polls 100 ms at a time, so a round that outlasts a poll on
 a loaded machine is common.
 
-The fix: a finished round is consumed by the next poll (its assignment applied, or its error
-handled as the library handles it), never replaced; the poll goes on joining while a join is
-under way (``need_rejoin``: the consumer's poll calls ``ensure_active_group`` only when it says
-so); and a round that failed is always tried again (the library relied on the error's side effects to ask
-for it, which a leader's metadata rejoin lacks). The body is the library's own with those lines
-changed (marked ``MinT:``).
+The fix, two changes marked ``MinT:``: a finished round is consumed by the next poll (its
+assignment applied, or its error handled as the library handles it), never replaced; and
+``need_rejoin`` stays true while a join is under way (the consumer's poll calls
+``ensure_active_group`` only when it says so), so a round that failed is tried again even when
+no error's side effect asked for it. ``join_group_async`` is otherwise the library's own.
 """
 
 from __future__ import annotations
@@ -33,12 +32,11 @@ log = structlog.get_logger()
 FIXED_VERSIONS = ("3.0.12",)  # checked against this version's source; others are left alone
 
 
-async def join_group_async(self, timeout_ms=None):  # noqa: C901 (the library's shape)
+async def join_group_async(self, timeout_ms=None):
     if not self._use_group_apis:
         raise Errors.UnsupportedVersionError("Group Coordinator APIs require 0.9+ broker")
     timer = Timer(timeout_ms)
-    # MinT: also while a round is pending, finished or not (its result is still to be applied).
-    while self.need_rejoin() or self._join_task is not None:
+    while self.need_rejoin():  # true while a round is pending (need_rejoin, below)
         if not await self.ensure_coordinator_ready_async(timeout_ms=timer.timeout_ms):
             return False
         # MinT: a finished round is awaited below (its result at once), not replaced.
@@ -63,11 +61,9 @@ async def join_group_async(self, timeout_ms=None):  # noqa: C901 (the library's 
             Errors.MemberIdRequiredError,
         ):
             self._join_task = None
-            self.request_rejoin()  # MinT: a failed round is tried again, whatever asked for it
             continue
         except Errors.RetriableError:
             self._join_task = None
-            self.request_rejoin()
             if timer.expired:
                 return False
             backoff_ms = self.config["retry_backoff_ms"]
@@ -96,8 +92,8 @@ async def join_group_async(self, timeout_ms=None):  # noqa: C901 (the library's 
 
 
 def need_rejoin(self) -> bool:
-    # MinT: a join under way (prepared, its round pending or finished but not applied) still
-    # needs the poll's ensure_active_group, whatever asked for it.
+    # MinT: a join under way (prepared, its round pending, finished but not applied, or failed
+    # and to be tried again) still needs the poll's ensure_active_group, whatever asked for it.
     return self.rejoin_needed or self.rejoining or self._join_task is not None
 
 
