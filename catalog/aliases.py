@@ -1,7 +1,8 @@
 """Aliases: their reads, their moves by compare-and-set, rollback, and history.
 
-``AliasMoves`` is part of ``CatalogRepository`` (mixed in), which prepares the statements below
-and provides the plumbing (``_run``, ``_one``) and the policy and revision reads a move checks.
+``AliasMoves`` is a part of ``CatalogRepository`` (mixed in, which prepares the statements
+below), on ``CatalogBase`` (``base.py``): the plumbing (``_run``, ``_one``) and the policy,
+revision and reference reads a move checks.
 
 A move is one compare-and-set on the alias row, which carries the move's audit fields, then the
 history row written from them; a crash between the two is completed by the next mover or
@@ -13,16 +14,13 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 import structlog
 
+from catalog.base import CatalogBase
 from catalog.exceptions import AliasConflict, AliasNotFound, Conflict, CrossTenantReference
 from catalog.models import Alias, AliasMove, Revision, from_row, utc
 from catalog.refs import Ref, check_alias, check_name, check_revision, parse_ref
-
-if TYPE_CHECKING:
-    from catalog.repository import CatalogRepository
 
 log = structlog.get_logger()
 
@@ -66,10 +64,10 @@ ALIAS_CONDITIONAL = {
 }
 
 
-class AliasMoves:
+class AliasMoves(CatalogBase):
     """The alias half of ``CatalogRepository``."""
 
-    def get_alias(self: CatalogRepository, tenant: str, policy: str, alias: str) -> Alias:
+    def get_alias(self, tenant: str, policy: str, alias: str) -> Alias:
         """The alias as the latest compare-and-set left it (names as decoded from an event)."""
         row = self._one(self._get_alias_serial, (tenant, policy, alias))
         if row is None:
@@ -77,10 +75,10 @@ class AliasMoves:
             raise AliasNotFound(f"alias {tenant}/{policy}@{alias} does not exist")
         return from_row(Alias, row)
 
-    def list_aliases(self: CatalogRepository, tenant: str, policy: str) -> list[Alias]:
+    def list_aliases(self, tenant: str, policy: str) -> list[Alias]:
         return [from_row(Alias, r) for r in self._run(self._list_aliases, (tenant, policy))]
 
-    def _target(self: CatalogRepository, tenant: str, policy: str, to: int | str | Ref) -> Revision:
+    def _target(self, tenant: str, policy: str, to: int | str | Ref) -> Revision:
         if isinstance(to, int) and not isinstance(to, bool):
             return self._read_revision(tenant, policy, check_revision(to))
         ref = parse_ref(to) if isinstance(to, str) else to
@@ -94,7 +92,7 @@ class AliasMoves:
         return self._read_revision(tenant, policy, res.revision)
 
     def move_alias(
-        self: CatalogRepository,
+        self,
         tenant: str,
         policy: str,
         alias: str,
@@ -174,7 +172,7 @@ class AliasMoves:
         return move
 
     def rollback(
-        self: CatalogRepository,
+        self,
         tenant: str,
         policy: str,
         alias: str,
@@ -218,7 +216,7 @@ class AliasMoves:
         )
 
     def alias_history(
-        self: CatalogRepository, tenant: str, policy: str, alias: str, *, limit: int = 100
+        self, tenant: str, policy: str, alias: str, *, limit: int = 100
     ) -> list[AliasMove]:
         """The alias's moves, newest first."""
         check_name("tenant", tenant)
@@ -228,7 +226,7 @@ class AliasMoves:
         rows = self._run(self._get_history, (tenant, policy, alias, limit))
         return [from_row(AliasMove, r) for r in rows]
 
-    def _complete_history(self: CatalogRepository, cur) -> None:
+    def _complete_history(self, cur) -> None:
         """Write the history row of the alias row's latest move if a crash left it unwritten
         (the same values the mover would have written: idempotent)."""
         if cur is None or cur.move_kind is None or not cur.seq:
@@ -260,14 +258,12 @@ class AliasMoves:
         )
 
     def _find_move(
-        self: CatalogRepository, tenant: str, policy: str, alias: str, event_id: uuid.UUID
+        self, tenant: str, policy: str, alias: str, event_id: uuid.UUID
     ) -> AliasMove | None:
         rows = self._run(self._get_history, (tenant, policy, alias, 10_000))
         return next((from_row(AliasMove, r) for r in rows if r.event_id == event_id), None)
 
-    def _history_entry(
-        self: CatalogRepository, tenant: str, policy: str, alias: str, seq: int
-    ) -> AliasMove:
+    def _history_entry(self, tenant: str, policy: str, alias: str, seq: int) -> AliasMove:
         row = self._one(self._get_history_entry, (tenant, policy, alias, seq))
         if row is None:
             raise AliasNotFound(f"alias {tenant}/{policy}@{alias} has no history entry {seq}")

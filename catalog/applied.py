@@ -1,8 +1,9 @@
 """Which events the catalog applied: the ``applied_events`` rows that make the projection (and a
 registration by source event) idempotent.
 
-``AppliedEvents`` is part of ``CatalogRepository`` (mixed in), which prepares the statements
-below and provides ``_run`` and ``_one``.
+``AppliedEvents`` is a part of ``CatalogRepository`` (mixed in, which prepares the statements
+below), on ``CatalogBase`` (``base.py``: ``_run`` and ``_one``). ``registration.py`` records
+through it.
 """
 
 from __future__ import annotations
@@ -10,15 +11,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from cassandra import ConsistencyLevel
 from cassandra.query import BatchStatement, BatchType
 
+from catalog.base import CatalogBase
 from catalog.models import Revision, utc
-
-if TYPE_CHECKING:
-    from catalog.repository import CatalogRepository
 
 # Unlogged batches of applied_events rows span partitions: kept within Cassandra's warning.
 _APPLIED_BATCH = 10
@@ -36,13 +34,13 @@ APPLIED_STATEMENTS = {
 }
 
 
-class AppliedEvents:
+class AppliedEvents(CatalogBase):
     """The applied-events half of ``CatalogRepository``."""
 
-    def is_applied(self: CatalogRepository, event_id: uuid.UUID) -> bool:
+    def is_applied(self, event_id: uuid.UUID) -> bool:
         return self._one(self._get_applied, (event_id,)) is not None
 
-    def applied_among(self: CatalogRepository, event_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
+    def applied_among(self, event_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
         """Which of ``event_ids`` were applied: one read (``IN``) per hundred."""
         done: set[uuid.UUID] = set()
         for k in range(0, len(event_ids), 100):
@@ -51,7 +49,7 @@ class AppliedEvents:
         return done
 
     def record_applied(
-        self: CatalogRepository,
+        self,
         event_id: uuid.UUID,
         type_: str,
         tenant: str,
@@ -63,7 +61,7 @@ class AppliedEvents:
     ) -> None:
         self._run(self._ins_applied, (event_id, type_, tenant, policy, revision, outcome, utc(at)))
 
-    def record_applied_many(self: CatalogRepository, rows: Iterable[tuple]) -> None:
+    def record_applied_many(self, rows: Iterable[tuple]) -> None:
         """``record_applied`` for many events, each row ``(event_id, type, tenant, policy,
         revision, outcome, at)``: unlogged batches of a few partitions, one request each."""
         rows = list(rows)
@@ -79,7 +77,7 @@ class AppliedEvents:
                 )
             self._run(batch, ())
 
-    def _record_applied(self: CatalogRepository, event_id, rev: Revision, outcome, at) -> None:
+    def _record_applied(self, event_id, rev: Revision, outcome, at) -> None:
         if event_id is not None:
             self.record_applied(
                 event_id,

@@ -1,11 +1,13 @@
 """Canaries: a share of an alias's callers routed to another revision (migration 7).
 
-``Canaries`` is part of ``CatalogRepository`` (mixed in). The running canary lives on the alias
-row beside the pointer, set and cleared by compare-and-set on ``canary_id``, so a resolve stays
-one read and engines route from what it returns (``Resolved.canary``). A canary belongs to the
-incumbent it was started on: an alias moved underneath it (a promotion by hand) leaves the
-canary inert, and resolve ignores it. ``canary_answers`` joins a feedback score to the revision
-that answered; ``canary_history`` records each canary from start to end.
+``Canaries`` is a part of ``CatalogRepository`` (mixed in, which prepares the statements
+below), on ``CatalogBase`` (``base.py``, which also reads the route a resolve returns:
+``route_of``). The running canary lives on the alias row beside the pointer, set and cleared by
+compare-and-set on ``canary_id``, so a resolve stays one read and engines route from what it
+returns (``Resolved.canary``). A canary belongs to the incumbent it was started on: an alias
+moved underneath it (a promotion by hand) leaves the canary inert, and resolve ignores it.
+``canary_answers`` joins a feedback score to the revision that answered; ``canary_history``
+records each canary from start to end.
 """
 
 from __future__ import annotations
@@ -13,26 +15,20 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
+from catalog.base import CANARY_ROUTE, CatalogBase, route_of
 from catalog.exceptions import AliasConflict, AliasNotFound, Conflict
 from catalog.models import CanaryRecord, CanaryRoute, from_row, utc
 from schemas.envelope import Envelope
 from schemas.events import CanaryEnded, CanaryStarted
 
-if TYPE_CHECKING:
-    from catalog.repository import CatalogRepository
-
 log = structlog.get_logger()
 
-_ROUTE = (
-    "canary_id, canary_revision, canary_digest, canary_store_uri, canary_share, "
-    "canary_incumbent, canary_started_at, canary_by"
-)
 CANARY_FIELDS = {
-    "canary_route": _ROUTE,
+    "canary_route": CANARY_ROUTE,
     "canary_cols": "tenant, policy, alias, canary_id, revision, incumbent, share, started_at, "
     "started_by, reason, ended_at, outcome, end_reason, figures",
 }
@@ -83,33 +79,15 @@ CANARY_CONDITIONAL = {
 }
 
 
-def route_of(row: Any) -> CanaryRoute | None:
-    """The canary a resolve row carries, if it still belongs to the alias's revision."""
-    if row is None or row.canary_id is None or row.canary_incumbent != row.revision:
-        return None
-    return CanaryRoute(
-        canary_id=row.canary_id,
-        revision=row.canary_revision,
-        digest=row.canary_digest,
-        store_uri=row.canary_store_uri,
-        share=row.canary_share,
-        incumbent_revision=row.canary_incumbent,
-        started_at=utc(row.canary_started_at),
-        started_by=row.canary_by or "",
-    )
-
-
-class Canaries:
+class Canaries(CatalogBase):
     """The canary half of ``CatalogRepository``."""
 
-    def get_canary(
-        self: CatalogRepository, tenant: str, policy: str, alias: str
-    ) -> CanaryRoute | None:
+    def get_canary(self, tenant: str, policy: str, alias: str) -> CanaryRoute | None:
         """The alias's running canary (None: none, or one left inert by a move under it)."""
         return route_of(self._one(self._get_canary_serial, (tenant, policy, alias)))
 
     def start_canary(
-        self: CatalogRepository,
+        self,
         tenant: str,
         policy: str,
         alias: str,
@@ -168,7 +146,7 @@ class Canaries:
         )
 
     def end_canary(
-        self: CatalogRepository,
+        self,
         tenant: str,
         policy: str,
         alias: str,
@@ -179,7 +157,7 @@ class Canaries:
         self._one(self._cas_end_canary, (tenant, policy, alias, canary_id))
         log.info("canary ended", ref=f"{tenant}/{policy}@{alias}")
 
-    def replay_canary_route(self: CatalogRepository, env: Envelope[Any]) -> None:
+    def replay_canary_route(self, env: Envelope[Any]) -> None:
         """Set or clear an alias's canary route as the controller did when it published
         ``env`` (a rebuild: the live projector leaves routes to the controller, their one
         writer, which may have ended a canary before the projector reads its start). A start
@@ -204,7 +182,7 @@ class Canaries:
         except (AliasNotFound, Conflict) as e:
             log.warning("replay: canary left inert", canary_id=str(p.canary_id), reason=str(e))
 
-    def record_canary(self: CatalogRepository, env: Envelope[Any]) -> None:
+    def record_canary(self, env: Envelope[Any]) -> None:
         """Write a ``canary.started`` or ``canary.ended`` fact to ``canary_history``: by the
         controller that carried it out, and by the projector that reads it back (the same
         values from the same fact, so a rebuild of the log writes the same rows)."""
@@ -225,7 +203,7 @@ class Canaries:
             raise TypeError(f"{env.type!r} is not a canary fact")
 
     def canary_history(
-        self: CatalogRepository, tenant: str, policy: str, alias: str | None = None
+        self, tenant: str, policy: str, alias: str | None = None
     ) -> list[CanaryRecord]:
         """Every canary of the policy (of ``alias`` when given), newest first."""
         rows = [
@@ -236,7 +214,7 @@ class Canaries:
         return sorted(rows, key=lambda r: r.started_at, reverse=True)
 
     def record_canary_answer(
-        self: CatalogRepository,
+        self,
         tenant: str,
         policy: str,
         request_id: str,
@@ -246,7 +224,7 @@ class Canaries:
         self._run(self._ins_canary_answer, (tenant, policy, request_id, canary_id, revision))
 
     def canary_answer(
-        self: CatalogRepository, tenant: str, policy: str, request_id: str
+        self, tenant: str, policy: str, request_id: str
     ) -> tuple[uuid.UUID, int] | None:
         """(canary id, revision) of an answer given while a canary ran, else None."""
         row = self._one(self._get_canary_answer, (tenant, policy, request_id))

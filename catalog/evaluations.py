@@ -1,7 +1,7 @@
 """Evaluation results per revision: the latest ``eval.completed`` of each (revision, suite).
 
-``RevisionEvaluations`` is part of ``CatalogRepository`` (mixed in), which prepares the
-statements below and provides the plumbing (``_run``) and the revision reads. A result is
+``RevisionEvaluations`` is a part of ``CatalogRepository`` (mixed in, which prepares the
+statements below), on ``CatalogBase`` (``base.py``: ``_run`` and the revision reads). A result is
 written with its event's time as the write timestamp (``USING TIMESTAMP``): the same event
 twice writes the same cells, and of two results for one suite the one that happened later wins
 in whatever order they arrive, so a catalog rebuilt from the log equals the live one.
@@ -13,14 +13,12 @@ import json
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from catalog.base import CatalogBase
 from catalog.exceptions import Conflict
 from catalog.models import Evaluation, from_row, utc
 from catalog.refs import check_name, check_revision
-
-if TYPE_CHECKING:
-    from catalog.repository import CatalogRepository
 
 EVALUATION_FIELDS = {
     "evaluation_cols": "tenant, policy, revision, suite, digest, metrics, thresholds, passed, "
@@ -41,11 +39,11 @@ EVALUATION_STATEMENTS = {
 }
 
 
-class RevisionEvaluations:
+class RevisionEvaluations(CatalogBase):
     """The evaluation half of ``CatalogRepository``."""
 
     def record_evaluation(
-        self: CatalogRepository,
+        self,
         tenant: str,
         policy: str,
         revision: int,
@@ -93,7 +91,7 @@ class RevisionEvaluations:
         return Evaluation(*values[:6], json.loads(limits), *values[7:])
 
     def evaluations(
-        self: CatalogRepository, tenant: str, policy: str, revision: int | None = None
+        self, tenant: str, policy: str, revision: int | None = None
     ) -> list[Evaluation]:
         """The latest result per (revision, suite) of a policy, or of one revision; newest
         revision first, suites by name."""
@@ -106,9 +104,7 @@ class RevisionEvaluations:
             rows = self._run(self._revision_evaluations, (tenant, policy, revision))
         return [from_row(Evaluation, r) for r in rows]
 
-    def evaluations_by_revision(
-        self: CatalogRepository, tenant: str, policy: str
-    ) -> dict[int, list[Evaluation]]:
+    def evaluations_by_revision(self, tenant: str, policy: str) -> dict[int, list[Evaluation]]:
         """``evaluations`` of a policy grouped by revision (one read for a listing)."""
         out: dict[int, list[Evaluation]] = {}
         for e in self.evaluations(tenant, policy):

@@ -29,18 +29,16 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import structlog
 from cassandra import ConsistencyLevel
 from cassandra.query import UNSET_VALUE, BatchStatement, BatchType
 
+from catalog.applied import AppliedEvents
 from catalog.exceptions import CatalogError, Conflict, InvalidReference, RegistrationInProgress
 from catalog.models import Policy, Registration, Revision, aware, utc
 from catalog.refs import check_digest, check_revision
-
-if TYPE_CHECKING:
-    from catalog.repository import CatalogRepository
 
 log = structlog.get_logger()
 
@@ -62,11 +60,12 @@ class _Export:
 
 
 class Registrar:
-    """The registration statements of one repository (its session, keyspace and plumbing)."""
+    """The registration statements of one keyspace, run through ``catalog``: its plumbing, its
+    policy and revision reads (``CatalogBase``) and its applied-events rows (``AppliedEvents``)."""
 
-    def __init__(self, repo: CatalogRepository) -> None:
-        self.repo = repo
-        ks, q, s = repo.keyspace, repo._prepare, repo._prepare_serial
+    def __init__(self, catalog: AppliedEvents) -> None:
+        self.catalog = catalog
+        ks, q, s = catalog.keyspace, catalog._prepare, catalog._prepare_serial
         counter = f"UPDATE {ks}.revisions_by_digest SET latest_revision = ? WHERE tenant = ? AND policy = ? "
         # Two forms because `IF latest_revision = ?` never matches the null of a new policy.
         self.counter_first = s(counter + "IF latest_revision = null")
@@ -114,7 +113,7 @@ class Registrar:
         before it were registered. ``record``: write each source event's applied_events row
         (direct callers; the projection records its events itself). ``created``: the policy
         as its creation just answered; one made by it (``is_new``) has no older counter."""
-        pol = self.repo._live_policy(tenant, policy, known=created)
+        pol = self.catalog._live_policy(tenant, policy, known=created)
         exports: list[_Export] = []
         refused = None  # the first export that fails its checks: the ones before it go ahead
         for reg in regs:
@@ -158,7 +157,7 @@ class Registrar:
         row = known[1].get(digest) if known else None  # a digest row never goes away
         parent = e.reg.parent_revision
         if row is None and parent is not None and parent != (want or 0) - 1:
-            self.repo._read_revision(tenant, policy, parent)  # RevisionNotFound before any write
+            self.catalog._read_revision(tenant, policy, parent)  # RevisionNotFound before any write
         if known is None:
             cell, base = self._start(tenant, policy, want)
         else:
@@ -197,7 +196,7 @@ class Registrar:
             return want - 1, want - 1
         cell = None
         if want is None:
-            row = self.repo._one(self.counter, (tenant, policy))
+            row = self.catalog._one(self.counter, (tenant, policy))
             cell = row.latest_revision if row is not None else None
         return cell, cell if cell is not None else self._legacy_latest(tenant, policy) or 0
 
@@ -210,7 +209,7 @@ class Registrar:
                 f"digest {e.reg.digest} is revision {number} of {tenant}/{policy}, but the export "
                 f"says revision {want}: the same content cannot be two revisions"
             )
-        rev = self.repo._revision_or_none(tenant, policy, number)
+        rev = self.catalog._revision_or_none(tenant, policy, number)
         if rev is None:
             if row.claimed_by != e.claim:
                 raise RegistrationInProgress(
@@ -226,16 +225,16 @@ class Registrar:
                 e = replace(e, at=aware(row.claimed_at))
             return self._written(tenant, pol, [(number, e)], record)[0]
         if record:  # the revision's own time, as its export.completed (and so a replay) has it
-            self.repo._record_applied(e.reg.source_event_id, rev, "duplicate", rev.created_at)
+            self.catalog._record_applied(e.reg.source_event_id, rev, "duplicate", rev.created_at)
         return rev
 
     def _claim_row(self, tenant, policy, e: _Export, row) -> uuid.UUID | _Found:
         """A digest row without a revision: an older build's claim. Its registrant may have
         written the revision but not the index (then that revision is the answer, indexed
         now); otherwise the claim is resumed by its own registrant, or taken once stale."""
-        newest = self.repo._one(self.newest, (tenant, policy))
+        newest = self.catalog._one(self.newest, (tenant, policy))
         if newest is not None and newest.digest == e.reg.digest:
-            self.repo._run(self.set_index, (newest.revision, tenant, policy, e.reg.digest))
+            self.catalog._run(self.set_index, (newest.revision, tenant, policy, e.reg.digest))
             return _Found(newest.revision, row.claimed_by)
         claimed_at = aware(row.claimed_at)
         mine = row.claimed_by == e.claim
@@ -266,7 +265,7 @@ class Registrar:
                 batch.add(self.claim, (tenant, policy, e.reg.digest, number, e.claim, e.at))
             else:
                 batch.add(self.take, (number, e.claim, e.at, tenant, policy, e.reg.digest, take))
-        rs = self.repo._run(batch, ())
+        rs = self.catalog._run(batch, ())
         return rs.was_applied, list(rs)
 
     def _written(self, tenant, pol: Policy, numbered, record: bool) -> list[Revision]:
@@ -290,14 +289,14 @@ class Registrar:
             for number, e in numbered
         ]
         if len(rows) == 1:
-            self.repo._run(self.write_revision, rows[0])
+            self.catalog._run(self.write_revision, rows[0])
         else:
             batch = BatchStatement(
                 BatchType.UNLOGGED, consistency_level=ConsistencyLevel.LOCAL_QUORUM
             )
             for values in rows:
                 batch.add(self.write_revision, values)
-            self.repo._run(batch, ())
+            self.catalog._run(batch, ())
         revs = []
         for number, e in numbered:
             reg = e.reg
@@ -317,7 +316,7 @@ class Registrar:
                 is_new=True,
             )
             if record:
-                self.repo._record_applied(reg.source_event_id, rev, "created", e.at)
+                self.catalog._record_applied(reg.source_event_id, rev, "created", e.at)
             log.info(
                 "revision registered",
                 tenant=tenant,
@@ -356,14 +355,14 @@ class Registrar:
             if (
                 parent is not None
                 and parent != reg.revision - 1
-                and self.repo._revision_or_none(tenant, policy, parent) is None
+                and self.catalog._revision_or_none(tenant, policy, parent) is None
             ):
                 return False
         return True
 
     def _legacy_latest(self, tenant, policy) -> int | None:
         """``revisions.latest_revision``: the counter of an import or of an older build."""
-        row = self.repo._one(self.newest, (tenant, policy))
+        row = self.catalog._one(self.newest, (tenant, policy))
         return row.latest_revision if row is not None else None
 
 

@@ -3,7 +3,9 @@
 Every statement is prepared once per repository. Writes that must not race are lightweight
 transactions (LOCAL_SERIAL); reads that decide a compare-and-set read at LOCAL_SERIAL so they see
 the latest committed CAS. Plain reads (resolve, list) are LOCAL_QUORUM. Inputs are validated
-before the first write, so a bad request writes nothing. Registration is ``registration.py``.
+before the first write, so a bad request writes nothing. The session, the policy and revision
+reads and ``resolve`` are ``base.py``, which every part stands on; registration is
+``registration.py``.
 
 Names are checked where they enter: the envelope checks an event's on decode, ``parse_ref`` a
 reference's, and the public reads and ``create_policy`` that the CLI, the SDK and the gateway
@@ -19,7 +21,6 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from cassandra.cluster import Session
-from cassandra.query import PreparedStatement
 
 from catalog.aliases import (
     ALIAS_CONDITIONAL,
@@ -29,51 +30,26 @@ from catalog.aliases import (
     AliasMoves,
 )
 from catalog.applied import APPLIED_STATEMENTS, AppliedEvents
+from catalog.base import BASE_FIELDS, check_policy
 from catalog.canaries import (
     CANARY_CONDITIONAL,
     CANARY_FIELDS,
     CANARY_SERIAL_READS,
     CANARY_STATEMENTS,
     Canaries,
-    route_of,
 )
-from catalog.cluster import Statements
 from catalog.evaluations import EVALUATION_FIELDS, EVALUATION_STATEMENTS, RevisionEvaluations
-from catalog.exceptions import (
-    AliasNotFound,
-    Conflict,
-    InvalidReference,
-    NotFound,
-    PolicyExists,
-    PolicyNotFound,
-    PolicyRetired,
-    RevisionNotFound,
-)
-from catalog.models import Policy, Registration, Resolved, Revision, aware, from_row, utc
-from catalog.refs import Ref, check_name, check_revision, parse_ref
+from catalog.exceptions import Conflict, InvalidReference, PolicyExists
+from catalog.models import Policy, Registration, Revision, aware, from_row, utc
+from catalog.refs import check_name, check_revision
 from catalog.registration import Registrar
 from catalog.retirement import RETIREMENT_STATEMENTS, PolicyRetirements
 
-_REVISION_COLS = (
-    "tenant, policy, revision, digest, store_uri, base_model, parent_revision, created_at, "
-    "created_by, source_event_id, metadata, training, tags"
-)
 _STATEMENTS = {
-    "_get_policy": "SELECT * FROM {ks}.policies WHERE tenant = ? AND policy = ?",
     "_list_policies": "SELECT * FROM {ks}.policies WHERE tenant = ?",
     # Operators' listing across tenants: one small table, read whole.
     "_list_tenants": "SELECT tenant FROM {ks}.tenants",
-    "_get_digest": (
-        "SELECT revision FROM {ks}.revisions_by_digest WHERE tenant = ? AND policy = ? AND digest = ?"
-    ),
-    "_get_revision": (
-        "SELECT {revision_cols} FROM {ks}.revisions WHERE tenant = ? AND policy = ? AND revision = ?"
-    ),
     "_list_revisions": "SELECT {revision_cols} FROM {ks}.revisions WHERE tenant = ? AND policy = ?",
-    "_resolve_alias": (
-        "SELECT revision, digest, store_uri, {canary_route} FROM {ks}.aliases "
-        "WHERE tenant = ? AND policy = ? AND alias = ?"
-    ),
 }
 _CONDITIONAL = {
     "_ins_tenant": "INSERT INTO {ks}.tenants (tenant, created_at) VALUES (?, ?) IF NOT EXISTS",
@@ -90,18 +66,18 @@ class CatalogRepository(
 ):
     """All catalog reads and writes for one keyspace. Thread-safe (the driver session is).
 
-    Policies, revisions and resolution are here; alias moves and history in
-    ``catalog/aliases.py``, evaluation results in ``catalog/evaluations.py``, retirement in
-    ``catalog/retirement.py``, the applied-events rows in ``catalog/applied.py`` (mixed in: one
-    object, one set of statements), registration in ``catalog/registration.py``."""
+    Policies, revisions and resolution are here and in ``catalog/base.py`` (the plumbing and the
+    reads every part checks against); alias moves and history in ``catalog/aliases.py``,
+    evaluation results in ``catalog/evaluations.py``, retirement in ``catalog/retirement.py``,
+    the applied-events rows in ``catalog/applied.py``, canaries in ``catalog/canaries.py``
+    (mixed in on the base: one object, one set of statements), registration in
+    ``catalog/registration.py``."""
 
     def __init__(self, session: Session, keyspace: str) -> None:
-        self.session = session
-        self.keyspace = keyspace
-        self._cql = Statements(session, keyspace)
+        super().__init__(session, keyspace)
         fields = {
             "ks": keyspace,
-            "revision_cols": _REVISION_COLS,
+            **BASE_FIELDS,
             **ALIAS_FIELDS,
             **CANARY_FIELDS,
             **EVALUATION_FIELDS,
@@ -124,22 +100,6 @@ class CatalogRepository(
         # tenant -> its created_at as this repository last saw it (a tenant row is never deleted)
         self._tenants: dict[str, datetime] = {}
 
-    # ------------------------------------------------------------------ plumbing
-
-    # One way for every catalog class (catalog.cluster.Statements); the names stay for
-    # catalog/registration.py, which prepares and runs its statements through the repository.
-    def _prepare(self, cql: str, *, serial_read: bool = False) -> PreparedStatement:
-        return self._cql.prepare(cql, serial_read=serial_read)
-
-    def _prepare_serial(self, cql: str) -> PreparedStatement:
-        return self._cql.prepare(cql, serial=True)
-
-    def _run(self, stmt, params: tuple, **kw):
-        return self._cql.run(stmt, params, **kw)
-
-    def _one(self, stmt: PreparedStatement, params: tuple):
-        return self._run(stmt, params).one()
-
     # ------------------------------------------------------------------ policies
 
     def create_policy(
@@ -152,7 +112,7 @@ class CatalogRepository(
         at: datetime | None = None,
     ) -> Policy:
         """Create a policy (and its tenant). Idempotent for the same base model."""
-        _check_policy(tenant, policy)
+        check_policy(tenant, policy)
         if not base_model:
             raise InvalidReference(f"base_model {base_model!r} is empty: name the base model")
         at = utc(at)
@@ -184,17 +144,8 @@ class CatalogRepository(
         return at
 
     def get_policy(self, tenant: str, policy: str) -> Policy:
-        _check_policy(tenant, policy)
+        check_policy(tenant, policy)
         return self._read_policy(tenant, policy)
-
-    def _read_policy(self, tenant: str, policy: str) -> Policy:
-        row = self._one(self._get_policy, (tenant, policy))
-        if row is None:
-            raise PolicyNotFound(
-                f"policy {tenant}/{policy} does not exist: create it first "
-                f"(`mint catalog create-policy {tenant}/{policy} --base-model …`)"
-            )
-        return from_row(Policy, row)
 
     def list_policies(self, tenant: str) -> list[Policy]:
         check_name("tenant", tenant)
@@ -203,16 +154,6 @@ class CatalogRepository(
     def list_tenants(self) -> list[str]:
         """Every tenant with a policy in the catalog, by name."""
         return sorted(r.tenant for r in self._run(self._list_tenants, ()))
-
-    def _live_policy(self, tenant: str, policy: str, known: Policy | None = None) -> Policy:
-        pol = known or self._read_policy(tenant, policy)
-        if pol.retired_at is not None:
-            raise PolicyRetired(
-                f"policy {tenant}/{policy} was retired at {pol.retired_at.isoformat()}: "
-                "nothing can be registered or promoted in it (restore it with "
-                f"`mint policies retire {tenant}/{policy} --undo`)"
-            )
-        return pol
 
     # ------------------------------------------------------------------ revisions
 
@@ -293,23 +234,9 @@ class CatalogRepository(
         return self.registrar.register(tenant, policy, regs, record=False, created=created)
 
     def get_revision(self, tenant: str, policy: str, revision: int) -> Revision:
-        _check_policy(tenant, policy)
+        check_policy(tenant, policy)
         check_revision(revision)
         return self._read_revision(tenant, policy, revision)
-
-    def _read_revision(self, tenant: str, policy: str, revision: int) -> Revision:
-        rev = self._revision_or_none(tenant, policy, revision)
-        if rev is None:
-            self._read_policy(tenant, policy)  # PolicyNotFound names the real cause
-            raise RevisionNotFound(
-                f"revision {revision} of {tenant}/{policy} does not exist: list them with "
-                f"`mint catalog revisions {tenant}/{policy}`"
-            )
-        return rev
-
-    def _revision_or_none(self, tenant: str, policy: str, revision: int) -> Revision | None:
-        row = self._one(self._get_revision, (tenant, policy, revision))
-        return None if row is None or row.digest is None else from_row(Revision, row)
 
     def list_revisions(
         self,
@@ -320,7 +247,7 @@ class CatalogRepository(
         page_state: bytes | None = None,
     ) -> tuple[list[Revision], bytes | None]:
         """One page of revisions, newest first, and the state for the next page (None at end)."""
-        _check_policy(tenant, policy)
+        check_policy(tenant, policy)
         if not 1 <= page_size <= 5000:
             raise InvalidReference(f"page_size {page_size} must be between 1 and 5000")
         return self._revision_page(tenant, policy, page_size, page_state)
@@ -341,42 +268,3 @@ class CatalogRepository(
         while state is not None:
             page, state = self._revision_page(tenant, policy, page_size, state)
             yield from page
-
-    # ------------------------------------------------------------------ resolve
-
-    def resolve(self, ref: str | Ref) -> Resolved:
-        """Resolve ``tenant/policy@alias``, ``@N`` or ``@sha256:…`` to a revision (one read for
-        an alias: the alias row carries its target's digest and store URI)."""
-        r = parse_ref(ref) if isinstance(ref, str) else ref
-        if r.alias is not None:
-            missing = AliasNotFound(
-                f"alias {r} points nowhere: promote a revision to it first "
-                f"(`mint catalog promote {r} --to N`)"
-            )
-            row = self._pointer(self._resolve_alias, r, r.alias, missing)
-            return Resolved(
-                r.tenant, r.policy, row.revision, row.digest, row.store_uri, r.alias, route_of(row)
-            )
-        number = r.revision
-        if r.digest is not None:
-            missing = RevisionNotFound(
-                f"no revision of {r.tenant}/{r.policy} has digest {r.digest}: register the "
-                "export first, or check the tenant and policy in the reference"
-            )
-            number = self._pointer(self._get_digest, r, r.digest, missing).revision
-        rev = self._read_revision(r.tenant, r.policy, number)
-        return Resolved(r.tenant, r.policy, rev.revision, rev.digest, rev.store_uri)
-
-    def _pointer(self, stmt: PreparedStatement, r: Ref, key: str, missing: NotFound):
-        """The row of an alias or a digest that points at a revision; ``missing`` when there is
-        none, or PolicyNotFound when the policy itself is missing (the real cause)."""
-        row = self._one(stmt, (r.tenant, r.policy, key))
-        if row is None or row.revision is None:
-            self._read_policy(r.tenant, r.policy)
-            raise missing
-        return row
-
-
-def _check_policy(tenant: str, policy: str) -> None:
-    check_name("tenant", tenant)
-    check_name("policy", policy)

@@ -1,22 +1,20 @@
 """Retiring a policy and restoring it, and tagging a revision: facts recorded on their rows.
 
-``PolicyRetirements`` is part of ``CatalogRepository`` (mixed in), which prepares the statements
-below and provides the plumbing (``_run``) and the policy reads. A retired policy takes no new
-revision and no alias move (``CatalogRepository._live_policy``); its revisions and aliases stay
-readable. Each write carries its event's time as the write timestamp (``USING TIMESTAMP``): the
-same event twice writes the same cells, and of a retirement and a restore the one that happened
-later wins in whatever order they arrive, so a catalog rebuilt from the log equals the live one.
+``PolicyRetirements`` is a part of ``CatalogRepository`` (mixed in, which prepares the
+statements below), on ``CatalogBase`` (``base.py``: ``_run`` and the policy reads). A retired
+policy takes no new revision and no alias move (``CatalogBase._live_policy``); its revisions and
+aliases stay readable. Each write carries its event's time as the write timestamp (``USING
+TIMESTAMP``): the same event twice writes the same cells, and of a retirement and a restore the
+one that happened later wins in whatever order they arrive, so a catalog rebuilt from the log
+equals the live one.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
 
+from catalog.base import CatalogBase
 from catalog.models import Policy, utc
-
-if TYPE_CHECKING:
-    from catalog.repository import CatalogRepository
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -36,11 +34,11 @@ RETIREMENT_STATEMENTS = {
 }
 
 
-class PolicyRetirements:
+class PolicyRetirements(CatalogBase):
     """The retirement half of ``CatalogRepository``."""
 
     def set_retired(
-        self: CatalogRepository,
+        self,
         tenant: str,
         policy: str,
         *,
@@ -62,9 +60,7 @@ class PolicyRetirements:
             self._run(self._restore_policy, (stamp, tenant, policy))
         return self._read_policy(tenant, policy)
 
-    def set_tags(
-        self: CatalogRepository, tenant: str, policy: str, revision: int, tags: list[str], *, at
-    ) -> None:
+    def set_tags(self, tenant: str, policy: str, revision: int, tags: list[str], *, at) -> None:
         """Record a ``revision.tagged`` fact: the revision's tags are ``tags`` as of ``at`` (the
         event's time orders the writes, as for a retirement). RevisionNotFound: no such one."""
         self._read_revision(tenant, policy, revision)
