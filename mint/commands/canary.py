@@ -21,10 +21,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from mint.commands import policy_status
 from mint.commands.args import tenant_policy
 from mint.commands.clients import cli_client
 from mint.commands.errors import one_line_errors
 from mint.commands.listing import _plain, object_output_option
+from mint.commands.policy_status import describe_rule
 from schemas.events import CanaryRule
 from schemas.events.inference import REQUEST_ID_RE
 
@@ -43,16 +45,6 @@ def say(line: str) -> None:
 
 def percent(share: float) -> str:
     return f"{share * 100:.4g}%"
-
-
-def describe_rule(rule: CanaryRule) -> str:
-    """One line: when a canary is judged and what makes it win."""
-    scores = f" and {rule.min_scores} scores" if rule.min_scores else ""
-    return (
-        f"after {rule.min_answers} answers{scores}, it wins if its failure rate is at most "
-        f"the incumbent's + {rule.max_failure_increase:g} and its mean score at least the "
-        f"incumbent's - {rule.max_score_drop:g}"
-    )
 
 
 def started_line(started: Any, rule: CanaryRule | None) -> str:
@@ -85,7 +77,6 @@ def started_rule(client: Any, started: Any) -> CanaryRule | None:
     """The rule the controller judges the canary ``started`` by: its live view's, else the
     policy's configured one; None when neither can be read (the canary runs all the same,
     so a failed read only shortens the line)."""
-    from mint.commands.policy_status import policy_configuration
     from schemas.exceptions import MintError
 
     p = started.payload
@@ -93,7 +84,8 @@ def started_rule(client: Any, started: Any) -> CanaryRule | None:
         view = client.canary_status(started.policy, p.alias)
         if view is not None and view.canary_id == p.canary_id:
             return view.rule
-        cfg = policy_configuration(client.catalog, started.tenant, started.policy)
+        # Through the module: the configuration read is policy_status's (tests replace it).
+        cfg = policy_status.policy_configuration(client.catalog, started.tenant, started.policy)
     except MintError:
         return None
     return CanaryRule.model_validate(cfg["canary"]) if cfg else CanaryRule()

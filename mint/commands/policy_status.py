@@ -19,7 +19,6 @@ from rich.console import Console
 from rich.table import Table
 
 from mint.commands.args import tenant_policy
-from mint.commands.canary import describe_rule
 from mint.commands.clients import cli_client
 from mint.commands.errors import one_line_errors
 from mint.commands.listing import _plain, object_output_option
@@ -33,6 +32,16 @@ out = Console()
 
 GATE_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._/-]*)\s*(>=|<=)\s*(-?[0-9.eE+-]+)$")
 RULE = CanaryRule.model_fields  # the canary flags' defaults and bounds are the contract's
+
+
+def describe_rule(rule: CanaryRule) -> str:
+    """One line: when a canary is judged and what makes it win."""
+    scores = f" and {rule.min_scores} scores" if rule.min_scores else ""
+    return (
+        f"after {rule.min_answers} answers{scores}, it wins if its failure rate is at most "
+        f"the incumbent's + {rule.max_failure_increase:g} and its mean score at least the "
+        f"incumbent's - {rule.max_score_drop:g}"
+    )
 
 
 def parse_gate(items: tuple[str, ...]) -> dict[str, dict[str, float]]:
