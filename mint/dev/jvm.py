@@ -1,4 +1,5 @@
-"""The JVM command lines of the local services: which jars, which rendered config, which flags.
+"""The JVM command lines of the local services: which jars, which rendered config, which flags,
+for one ``Service`` (a managed JVM, as ``launcher.py`` starts and stops it).
 
 One node (``mint dev up``) or one node of a local cluster (``MINT_DEV_NODES=3``): node i binds
 127.0.0.i on the same ports, so the configs differ only in address, node id and the quorum.
@@ -10,16 +11,13 @@ import os
 import re
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import structlog
 
 from schemas.exceptions import MintError
 from schemas.settings import PROJECT_ROOT, MintSettings, node_host
-
-if TYPE_CHECKING:
-    from mint.dev.launcher import Service
 
 log = structlog.get_logger()
 
@@ -45,6 +43,30 @@ CLUSTER_BROKER_TIMINGS = {
     "controller.quorum.election.backoff.max.ms": "200",
     "replica.lag.time.max.ms": "5000",
 }
+
+
+@dataclass(frozen=True)
+class Service:
+    """One managed JVM: a Kafka broker or a Cassandra node."""
+
+    name: str  # "kafka" | "cassandra" alone; "kafka-2" | "cassandra-3" in a local cluster
+    kind: str  # "kafka" | "cassandra"
+    node: int  # 1..N: its node id, and its address 127.0.0.<node>
+    port: int
+    home: Path  # state folder of this node
+    log_file: Path
+
+    @property
+    def host(self) -> str:
+        return node_host(self.node)
+
+    @property
+    def node_of_cluster(self) -> bool:
+        return self.name != self.kind
+
+    @property
+    def pid_file(self) -> Path:
+        return self.home / f"{self.kind}.pid"
 
 
 class LauncherError(MintError, RuntimeError):

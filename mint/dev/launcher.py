@@ -21,8 +21,8 @@ from pathlib import Path
 
 import structlog
 
-from mint.dev.jvm import LauncherError, cassandra_command, java_binary, kafka_command
-from schemas.settings import LOCAL_NODES, MintSettings, node_host
+from mint.dev.jvm import LauncherError, Service, cassandra_command, java_binary, kafka_command
+from schemas.settings import LOCAL_NODES, MintSettings
 
 log = structlog.get_logger()
 KINDS = ("kafka", "cassandra")
@@ -38,30 +38,6 @@ __all__ = [
     "stop",
     "up",
 ]
-
-
-@dataclass(frozen=True)
-class Service:
-    """One managed JVM: a Kafka broker or a Cassandra node."""
-
-    name: str  # "kafka" | "cassandra" alone; "kafka-2" | "cassandra-3" in a local cluster
-    kind: str  # "kafka" | "cassandra"
-    node: int  # 1..N: its node id, and its address 127.0.0.<node>
-    port: int
-    home: Path  # state folder of this node
-    log_file: Path
-
-    @property
-    def host(self) -> str:
-        return node_host(self.node)
-
-    @property
-    def node_of_cluster(self) -> bool:
-        return self.name != self.kind
-
-    @property
-    def pid_file(self) -> Path:
-        return self.home / f"{self.kind}.pid"
 
 
 @dataclass(frozen=True)
