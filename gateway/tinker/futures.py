@@ -39,6 +39,7 @@ class Done:
 class Failed:
     message: str
     category: Category = "user"
+    queued: bool = True  # False: the command never reached the broker (a re-send may retry it)
 
 
 Outcome = Done | Failed

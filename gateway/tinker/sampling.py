@@ -3,6 +3,9 @@ commands (token prompts, gateway.service.Gateway.run), their answers as a ``Samp
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
+from gateway.config import GatewayConfig
 from gateway.tinker import steps
 from gateway.tinker.bodies import SampleRequest
 from gateway.tinker.wire import WireSequence, encode_sample_response
@@ -12,10 +15,20 @@ DEFAULT_SAMPLE_TOKENS = 64
 
 
 def infer_requests(
-    req: SampleRequest, revision: int, request_id: str, max_tokens: int
+    req: SampleRequest, revision: int, request_id: str, config: GatewayConfig
 ) -> list[InferRequested]:
     """One ``infer.requested`` per sample: the prompt as token ids, the revision pinned, the
-    sampled tokens' logprobs asked for; what MinT's engines cannot do is a BadRequest."""
+    sampled tokens' logprobs asked for; what MinT's engines cannot do is a BadRequest. The
+    OpenAI routes' limits hold here too (``num_samples`` counts as ``n``), and each request
+    expires when the gateway stops waiting for it, so engines skip what nobody will read."""
+    max_tokens = config.max_tokens
+    if req.num_samples > config.max_choices:
+        raise steps.bad(
+            f"num_samples {req.num_samples} is over this gateway's limit of "
+            f"{config.max_choices} samples per call: split it over several calls",
+            "num_samples",
+            "limit_exceeded",
+        )
     unsupported = [
         name
         for name, on in (
@@ -56,6 +69,7 @@ def infer_requests(
             "sampling_params.stop",
             "unsupported_parameter",
         )
+    expires_at = datetime.now(UTC) + timedelta(seconds=config.answer_timeout_s)
     payloads = []
     for i in range(req.num_samples):
         payloads.append(
@@ -71,6 +85,7 @@ def infer_requests(
                 seed=None if sp.seed is None else sp.seed + i,
                 stop=stop,
                 logprobs=True,
+                expires_at=expires_at,
             )
         )
     return payloads

@@ -73,6 +73,29 @@ def remember(table: dict[Any, V], key: Any, value: V) -> V:
     return value
 
 
+CALLS = uuid.UUID("6d696e74-7469-6e6b-6572-63616c6c7300")  # the namespace of call event ids
+
+
+@dataclass(frozen=True)
+class CallKey:
+    """What makes a Tinker call the same call when the SDK sends it again: its idempotency key
+    (``X-Idempotency-Key``, one per call and kept across the SDK's retries) with its ``seq_id``.
+    The ``seq_id`` alone is not enough: it restarts at 1 in each training client of a model."""
+
+    idempotency_key: str
+    seq_id: int | None = None
+
+    @classmethod
+    def of(cls, idempotency_key: str | None, seq_id: int | None) -> CallKey | None:
+        return cls(idempotency_key[:200], seq_id) if idempotency_key else None
+
+    def event_id(self, tenant: str, model_id: str, op: str) -> uuid.UUID:
+        """The command's event id: the same for every copy of the call, so the trainer (which
+        answers an event id it has seen from memory) never applies it twice."""
+        parts = (tenant, model_id, op, str(self.seq_id), self.idempotency_key)
+        return uuid.uuid5(CALLS, "\x1f".join(parts))
+
+
 def policy_of(model_id: str) -> str | None:
     found = MODEL_ID.match(model_id)
     return f"{found['session']}-{int(found['seq'])}" if found else None
@@ -95,6 +118,7 @@ class TinkerApi:
         self.futures.finish = self._finish
         self._models: dict[tuple[str, str], Model] = {}
         self._states: dict[tuple[str, str], str] = {}  # (tenant, tinker path) → store uri
+        self._calls: dict[uuid.UUID, str] = {}  # a call's event id → its future's request id
         self._tasks: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------------ lifecycle
@@ -166,26 +190,51 @@ class TinkerApi:
         return f"{self.gw.engines.request_prefix}tk{uuid.uuid4().hex[:20]}"
 
     async def _submit(
-        self, tenant: str, model: Model, cmd: TrainStepRequested, **context: Any
+        self,
+        tenant: str,
+        model: Model,
+        cmd: TrainStepRequested,
+        call: CallKey | None = None,
+        **context: Any,
     ) -> dict[str, Any]:
         """Register the future, publish the command (acked before the call returns, so the
-        next call of this model is published after it), and answer the future's id."""
+        next call of this model is published after it), and answer the future's id.
+
+        A re-sent call (``call``: the SDK's retry of it) answers the first one's future while
+        that lives here and did not fail to be queued; otherwise it is published again under
+        the same event id, which the trainer recognises and answers without running it twice.
+        """
+        event_id = call.event_id(tenant, model.model_id, cmd.op) if call else None
+        if event_id is not None:
+            first = self._calls.get(event_id)
+            entry = self.futures.get(first, tenant) if first else None
+            if entry is not None and not _unqueued(entry.outcome):
+                log.info("tinker call re-sent", op=cmd.op, request_id=first)
+                return {"request_id": first, "model_id": model.model_id}
         try:
             env = make_event(
-                cmd, tenant=tenant, policy=model.policy, producer=self.gw.producer_name
+                cmd,
+                tenant=tenant,
+                policy=model.policy,
+                producer=self.gw.producer_name,
+                event_id=event_id,
             )
         except EventValidationError as e:  # the envelope's rules (e.g. a store uri's namespace)
             raise steps.bad(f"{cmd.op}: {e}") from e
         self.futures.add(cmd.request_id, tenant, cmd.op, model_id=model.model_id, **context)
+        if event_id is not None:
+            remember(self._calls, event_id, cmd.request_id)
         try:
             await self.trainer.publish(env)
         except ApiError as e:
-            self.futures.settle(cmd.request_id, Failed(e.message, "server"))
+            self.futures.settle(cmd.request_id, Failed(e.message, "server", queued=False))
             raise
         log.info("tinker call queued", op=cmd.op, policy=model.policy, request_id=cmd.request_id)
         return {"request_id": cmd.request_id, "model_id": model.model_id}
 
-    async def create_model(self, tenant: str, req: CreateModelRequest) -> dict[str, Any]:
+    async def create_model(
+        self, tenant: str, req: CreateModelRequest, call: CallKey | None = None
+    ) -> dict[str, Any]:
         if req.base_model not in self.base_models:
             raise steps.bad(
                 f"base_model {req.base_model!r} is not served here; this deployment trains "
@@ -214,11 +263,13 @@ class TinkerApi:
         cmd = steps.step(
             self._request_id(), "create", req.base_model, lora=lora, seed=req.lora_config.seed
         )
-        out = await self._submit(tenant, model, cmd)
+        out = await self._submit(tenant, model, cmd, call)
         remember(self._models, (tenant, policy), model)
         return out
 
-    async def forward_backward(self, tenant: str, req: FwdBwdRequest) -> dict[str, Any]:
+    async def forward_backward(
+        self, tenant: str, req: FwdBwdRequest, call: CallKey | None = None
+    ) -> dict[str, Any]:
         model = await self.model(tenant, req.model_id)
         op = "forward" if req.forward_only else "forward_backward"
         cmd = steps.step(
@@ -229,31 +280,37 @@ class TinkerApi:
             loss_fn=req.loss_fn,
             loss_fn_config=req.loss_fn_config,
         )
-        return await self._submit(tenant, model, cmd)
+        return await self._submit(tenant, model, cmd, call)
 
-    async def optim_step(self, tenant: str, req: OptimStepRequest) -> dict[str, Any]:
+    async def optim_step(
+        self, tenant: str, req: OptimStepRequest, call: CallKey | None = None
+    ) -> dict[str, Any]:
         model = await self.model(tenant, req.model_id)
         adam = steps.adam_spec(req.adam_params, req.optimizer_params)
         cmd = steps.step(self._request_id(), "optim_step", model.base_model, adam=adam)
-        return await self._submit(tenant, model, cmd)
+        return await self._submit(tenant, model, cmd, call)
 
     async def save_for_sampler(
-        self, tenant: str, req: SaveWeightsForSamplerRequest
+        self, tenant: str, req: SaveWeightsForSamplerRequest, call: CallKey | None = None
     ) -> dict[str, Any]:
         model = await self.model(tenant, req.model_id)
-        name = req.path or f"sampler-{req.sampling_session_seq_id or 0}-{secrets.token_hex(3)}"
+        name = req.path or f"sampler-{req.sampling_session_seq_id or 0}-{_suffix(call, 3)}"
         cmd = steps.step(self._request_id(), "save_for_sampler", model.base_model, name=name)
         return await self._submit(
-            tenant, model, cmd, policy=model.policy, name=name, session_only=req.path is None
+            tenant, model, cmd, call, policy=model.policy, name=name, session_only=req.path is None
         )
 
-    async def save_state(self, tenant: str, req: SaveWeightsRequest) -> dict[str, Any]:
+    async def save_state(
+        self, tenant: str, req: SaveWeightsRequest, call: CallKey | None = None
+    ) -> dict[str, Any]:
         model = await self.model(tenant, req.model_id)
-        name = req.path or f"state-{secrets.token_hex(4)}"
+        name = req.path or f"state-{_suffix(call, 4)}"
         cmd = steps.step(self._request_id(), "save_state", model.base_model, name=name)
-        return await self._submit(tenant, model, cmd, policy=model.policy, name=name)
+        return await self._submit(tenant, model, cmd, call, policy=model.policy, name=name)
 
-    async def load_state(self, tenant: str, req: LoadWeightsRequest) -> dict[str, Any]:
+    async def load_state(
+        self, tenant: str, req: LoadWeightsRequest, call: CallKey | None = None
+    ) -> dict[str, Any]:
         if req.model_id is None:
             raise steps.bad(
                 "load_weights without a model (create_training_client_from_state) is not "
@@ -270,7 +327,7 @@ class TinkerApi:
                 "path",
             )
         cmd = steps.step(self._request_id(), "load_state", model.base_model, source_uri=source)
-        return await self._submit(tenant, model, cmd, path=req.path)
+        return await self._submit(tenant, model, cmd, call, path=req.path)
 
     def _finish(self, entry: Entry, payload: Any) -> Outcome:
         outcome = steps.finish(entry, payload)
@@ -325,7 +382,7 @@ class TinkerApi:
         policy, revision = found["policy"], int(found["rev"])
         await self._check_policy(tenant, policy, str(sid))
         request_id = self._request_id()
-        payloads = sampling.infer_requests(req, revision, request_id, self.gw.config.max_tokens)
+        payloads = sampling.infer_requests(req, revision, request_id, self.gw.config)
         self.futures.add(request_id, tenant, "sample")
         task = asyncio.create_task(
             self._run_sample(request_id, Ref(tenant, policy, revision=revision), payloads)
@@ -354,6 +411,17 @@ class TinkerApi:
         if entry is None:
             raise FutureNotFound(request_id)
         return await self.futures.wait(entry)
+
+
+def _unqueued(outcome: Outcome | None) -> bool:
+    return isinstance(outcome, Failed) and not outcome.queued
+
+
+def _suffix(call: CallKey | None, nbytes: int) -> str:
+    """A default checkpoint name's random part: the same for each copy of one call."""
+    if call is None:
+        return secrets.token_hex(nbytes)
+    return uuid.uuid5(CALLS, call.idempotency_key).hex[: 2 * nbytes]
 
 
 class FutureNotFound(ApiError):

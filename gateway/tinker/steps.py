@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import structlog
 from pydantic import BaseModel, ValidationError
 
@@ -97,7 +98,11 @@ def datums(req: FwdBwdRequest) -> list[StepDatum]:
             raise bad(f"data[{i}].loss_fn_inputs lacks target_tokens", "loss_fn_inputs")
         fields: dict[str, Any] = {"tokens": d.tokens}
         for name, values in d.inputs.items():
-            fields[name] = [int(v) for v in values] if name == "target_tokens" else values.tolist()
+            if name == "target_tokens":
+                fields[name] = [int(v) for v in values]
+                continue
+            _check_finite(values, f"data[{i}].loss_fn_inputs.{name}")
+            fields[name] = values.tolist()
         try:
             out.append(StepDatum(**fields))
         except ValidationError as e:
@@ -106,6 +111,19 @@ def datums(req: FwdBwdRequest) -> list[StepDatum]:
             message = err["msg"].removeprefix("Value error, ")
             raise bad(f"data[{i}]{'.' + where if where else ''}: {message}", "data") from e
     return out
+
+
+def _check_finite(values: np.ndarray, where: str) -> None:
+    """A BadRequest naming the first NaN or infinity: the trainer cannot use one (a NaN
+    weight or advantage makes every gradient NaN), and JSON cannot carry it."""
+    bad_at = np.flatnonzero(~np.isfinite(np.asarray(values, dtype=np.float64)))
+    if bad_at.size:
+        at = int(bad_at[0])
+        raise bad(
+            f"{where}[{at}] is {float(values[at])}: loss inputs must be finite numbers "
+            f"({bad_at.size} of {len(values)} are not)",
+            "loss_fn_inputs",
+        )
 
 
 def adam_spec(params: AdamParams | None, other: dict[str, Any] | None) -> AdamSpec:

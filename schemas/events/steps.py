@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, model_validator
 
 from schemas.envelope import Command, Payload
 from schemas.events.update import LoraSpec
@@ -53,9 +53,10 @@ class StepDatum(BaseModel):
 
     tokens: list[int] = Field(min_length=1, max_length=MAX_SEQUENCE_TOKENS)
     target_tokens: list[int] = Field(min_length=1, max_length=MAX_SEQUENCE_TOKENS)
-    weights: list[float] | None = None
-    logprobs: list[float] | None = None
-    advantages: list[float] | None = None
+    # Finite only: JSON has no NaN (pydantic writes it as null, which no reader decodes back).
+    weights: list[FiniteFloat] | None = None
+    logprobs: list[FiniteFloat] | None = None
+    advantages: list[FiniteFloat] | None = None
 
     @model_validator(mode="after")
     def _same_lengths(self) -> StepDatum:
@@ -75,7 +76,7 @@ class StepDatum(BaseModel):
 class AdamSpec(BaseModel):
     """Tinker's ``AdamParams``: the optimizer step's hyperparameters."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     learning_rate: float = Field(1e-4, gt=0, le=1)
     beta1: float = Field(0.9, ge=0, lt=1)
@@ -98,7 +99,7 @@ class TrainStepRequested(Command):
     seed: int | None = None
     datums: list[StepDatum] = Field(default_factory=list, max_length=MAX_STEP_DATUMS)
     loss_fn: LossFn = "cross_entropy"
-    loss_fn_config: dict[MetricName, float] = Field(default_factory=dict, max_length=16)
+    loss_fn_config: dict[MetricName, FiniteFloat] = Field(default_factory=dict, max_length=16)
     adam: AdamSpec | None = Field(None, description="optim_step: its hyperparameters")
     name: str | None = Field(None, pattern=CHECKPOINT_NAME_RE, description="save_*: its name")
     source_uri: StoreUri | None = Field(None, description="load_state: a saved state")
@@ -140,11 +141,12 @@ class TrainStepCompleted(Payload):
 
     request_id: str = Field(max_length=128)
     op: StepOp
-    loss: float | None = None
-    logprobs: list[list[float]] = Field(
+    # Finite only (the trainer answers failed instead): a NaN would be written as null.
+    loss: FiniteFloat | None = None
+    logprobs: list[list[FiniteFloat]] = Field(
         default_factory=list, description="forward(_backward): per datum, per position"
     )
-    metrics: dict[MetricName, float] = Field(default_factory=dict)
+    metrics: dict[MetricName, FiniteFloat] = Field(default_factory=dict)
     revision: int | None = Field(None, ge=1, description="save_for_sampler: the new revision")
     state_uri: StoreUri | None = Field(None, description="save_state: where it lies")
     duration_s: float = Field(0.0, ge=0.0)
