@@ -26,12 +26,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from workers.serving.exceptions import RequestRefused
-
-if TYPE_CHECKING:  # engine.py imports this module
-    from workers.serving.engine import GenRequest
+from workers.serving.generation import GenRequest
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 INVALID_VALUE = "invalid_value"
