@@ -24,15 +24,16 @@ from schemas.envelope import Envelope
 from schemas.registry import encode_event
 from schemas.settings import MintSettings
 from streams.exceptions import TopicError
-from streams.follower import Follower
+from streams.follower import Follower, Start
 from streams.topics import partition_for_key
 
 log = structlog.get_logger()
 
 
 class AnswerFollower:
-    """Follows ``topic`` from its end on a thread named ``name``; ``route(record)`` per record,
-    ``on_error(record)`` after ``route`` raised (logged here); ``key``: only its partition."""
+    """Follows ``topic`` from its end (or ``start``) on a thread named ``name``;
+    ``route(record)`` per record, ``on_error(record)`` after ``route`` raised (logged here);
+    ``key``: only its partition."""
 
     def __init__(
         self,
@@ -44,9 +45,10 @@ class AnswerFollower:
         route: Callable[[ConsumerRecord], None],
         on_error: Callable[[ConsumerRecord], None] = lambda _record: None,
         key: bytes | None = None,
+        start: Start = "end",
     ) -> None:
         self.settings, self.topic, self.client_id, self.name = settings, topic, client_id, name
-        self.route, self.on_error, self.key = route, on_error, key
+        self.route, self.on_error, self.key, self.start = route, on_error, key, start
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._follower: Follower | None = None
@@ -65,7 +67,7 @@ class AnswerFollower:
         if self.key is not None:  # producers place this key by the default partitioner
             only = partition_for_key(self.key, len(tps))
             tps = [tp for tp in tps if tp.partition == only]
-        follower.assign(tps, "end")
+        follower.assign(tps, self.start)
         self._follower = follower
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()

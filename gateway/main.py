@@ -16,6 +16,7 @@ from schemas.settings import MintSettings
 
 if TYPE_CHECKING:
     from gateway.tinker.service import TinkerApi
+    from gateway.tinker.shared import SharedCalls
     from gateway.tokenize import Tokenizers
 
 log = structlog.get_logger()
@@ -27,6 +28,7 @@ def build(settings: MintSettings, config: GatewayConfig) -> Gateway:
     from catalog.access import AccessRepository
     from catalog.cluster import connect
     from catalog.repository import CatalogRepository
+    from catalog.tinker_calls import TinkerCalls
     from gateway.directory import CatalogDirectory
     from gateway.dispatch import KafkaEngines
     from streams.topics import ensure_topics
@@ -49,7 +51,7 @@ def build(settings: MintSettings, config: GatewayConfig) -> Gateway:
         cluster.shutdown()
         raise
     gw = Gateway(config, directory, engines, metrics=metrics, on_close=cluster.shutdown)
-    gw.tinker = tinker_api(settings, gw)
+    gw.tinker = tinker_api(settings, gw, TinkerCalls(session, settings.keyspace))
     gw.tokenizers = tokenizers(settings, config)
     return gw
 
@@ -64,17 +66,16 @@ def tokenizers(settings: MintSettings, config: GatewayConfig) -> Tokenizers:
     )
 
 
-def tinker_api(settings: MintSettings, gw: Gateway) -> TinkerApi:
+def tinker_api(settings: MintSettings, gw: Gateway, shared: SharedCalls) -> TinkerApi:
     """The Tinker API of ``gw``: calls to the trainer on ``train.steps``, answers followed on
-    ``train.step.results``; it trains and samples this deployment's base model."""
+    ``train.step.results``, what all instances share in ``shared`` (the catalog's rows); it
+    trains and samples this deployment's base model."""
     from gateway.tinker.service import TinkerApi
     from gateway.tinker.trainer import KafkaTrainer
 
     cfg = gw.config
-    trainer = KafkaTrainer(
-        settings, cfg.instance_id, gw.engines.request_prefix, retry_after_s=cfg.retry_after_s
-    )
-    return TinkerApi(gw, trainer, [settings.base_model])
+    trainer = KafkaTrainer(settings, cfg.instance_id, retry_after_s=cfg.retry_after_s)
+    return TinkerApi(gw, trainer, [settings.base_model], shared=shared)
 
 
 def serve(settings: MintSettings, config: GatewayConfig) -> None:

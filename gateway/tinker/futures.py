@@ -7,10 +7,11 @@ to ``poll_s`` for a pending future (a long poll: the SDK asks again at once on `
 Outcomes arrive on the event loop (sampling) or from the results follower's thread (training
 answers on ``train.step.results``): :meth:`FuturesTable.settle_threadsafe`.
 
-Everything here is per instance and bounded: at most ``max_entries`` futures, a settled one is
+This table is one instance's and bounded: at most ``max_entries`` futures, a settled one is
 kept ``keep_s``, and one nobody answers within ``answer_timeout_s`` fails with a message that
-says so. A gateway that restarts forgets its futures (the SDK then gets 404 and the call's
-error names it).
+says so. What other instances must see (each future and its outcome) the API also keeps in the
+shared rows (gateway.tinker.shared): ``record`` writes an outcome there, ``lookup`` finds a
+future another instance took, so that its answer is recorded even when that instance is gone.
 """
 
 from __future__ import annotations
@@ -54,10 +55,15 @@ class Entry:
     context: dict[str, Any] = field(default_factory=dict)  # what the answer needs (model, name)
     outcome: Outcome | None = None
     settled: asyncio.Event = field(default_factory=asyncio.Event)
+    wall_created: float = field(default_factory=time.time)  # (``created`` is monotonic)
 
 
 # Turns a training answer (an envelope's payload) into the future's outcome; set by the API.
 Finisher = Callable[[Entry, Any], Outcome]
+# Shared with the other instances (gateway.tinker.shared), set by the API; blocking calls made
+# on the follower's thread: record an outcome, and find a future another instance made.
+Recorder = Callable[[Entry, Outcome], None]
+Lookup = Callable[[str, str], "Entry | None"]
 
 
 class FuturesTable:
@@ -76,6 +82,8 @@ class FuturesTable:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.finish: Finisher | None = None
+        self.record: Recorder | None = None
+        self.lookup: Lookup | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -116,22 +124,31 @@ class FuturesTable:
         entry.settled.set()
         return True
 
-    def answer_threadsafe(self, request_id: str, payload: Any) -> bool:
+    def answer_threadsafe(self, request_id: str, payload: Any, tenant: str | None = None) -> bool:
         """A training answer from the follower's thread: turned into an outcome by
-        ``finish`` and recorded on the event loop. False when the request is not ours."""
+        ``finish``, recorded for every instance (``record``) and settled here on the event
+        loop. A future made on another instance (``lookup``, by the answer's ``tenant``) is
+        recorded too: that instance may be gone. False when no pending future is the
+        request's (unknown, or answered before)."""
         with self._lock:
             entry = self._entries.get(request_id)
-        loop = self._loop
-        if entry is None or loop is None or self.finish is None:
+        local = entry is not None and (tenant is None or entry.tenant == tenant)
+        if not local:
+            entry = self.lookup(tenant, request_id) if self.lookup and tenant else None
+        if entry is None or entry.outcome is not None or self.finish is None:
             return False
         try:
             outcome = self.finish(entry, payload)
         except Exception as e:  # a malformed answer still ends the caller's wait
             outcome = Failed(f"the trainer's answer could not be read: {e}"[:500], "server")
-        try:
-            loop.call_soon_threadsafe(self.settle, request_id, outcome)
-        except RuntimeError:  # the loop is closed: the gateway is stopping
-            return False
+        if self.record is not None:
+            self.record(entry, outcome)  # (never raises: a failed write is logged)
+        loop = self._loop
+        if local and loop is not None:
+            try:
+                loop.call_soon_threadsafe(self.settle, request_id, outcome)
+            except RuntimeError:  # the loop is closed: the gateway is stopping
+                return False
         return True
 
     async def wait(self, entry: Entry) -> Outcome | None:
@@ -141,12 +158,12 @@ class FuturesTable:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(entry.settled.wait(), self.poll_s)
         if entry.outcome is None and self.clock() - entry.created > self.answer_timeout_s:
-            self.settle(
-                entry.request_id,
-                Failed(
-                    f"no answer to this {entry.kind} call within {self.answer_timeout_s:g} s: "
-                    "the trainer or engines may be down or overloaded; retry the call",
-                    "server",
-                ),
-            )
+            self.settle(entry.request_id, self.timed_out(entry.kind))
         return entry.outcome
+
+    def timed_out(self, kind: str) -> Failed:
+        return Failed(
+            f"no answer to this {kind} call within {self.answer_timeout_s:g} s: "
+            "the trainer or engines may be down or overloaded; retry the call",
+            "server",
+        )

@@ -15,14 +15,17 @@ import asyncio
 import contextlib
 import re
 import secrets
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import structlog
 
+from catalog.exceptions import CatalogUnavailable
 from catalog.refs import Ref
-from gateway.errors import ApiError, ModelNotFound
+from gateway.errors import ApiError, ModelNotFound, Unavailable
 from gateway.service import Gateway
 from gateway.tinker import sampling, steps
 from gateway.tinker.bodies import (
@@ -35,6 +38,14 @@ from gateway.tinker.bodies import (
     SaveWeightsRequest,
 )
 from gateway.tinker.futures import Done, Entry, Failed, FuturesTable, Outcome
+from gateway.tinker.shared import (
+    MemoryCalls,
+    ModelRecord,
+    SharedCalls,
+    entry_of,
+    outcome_of,
+    record_of,
+)
 from gateway.tinker.trainer import Trainer
 from gateway.tinker.wire import FwdBwdRequest
 from schemas.envelope import make_event
@@ -47,6 +58,7 @@ SAMPLER_PATH = re.compile(
     r"^tinker://(?P<policy>[a-z0-9][a-z0-9._-]{0,126})/sampler_weights/[^/@]*@(?P<rev>\d{1,9})$"
 )
 MAX_REMEMBERED = 100_000  # models and saved states this instance keeps in memory
+SHARED_POLL_S = 0.2  # how often a future another instance took is read while it is pending
 V = TypeVar("V")
 SAMPLER_ID = re.compile(r"^(?P<policy>[a-z0-9][a-z0-9._-]{0,126})@(?P<rev>\d{1,9})$")
 
@@ -110,12 +122,16 @@ class TinkerApi:
         *,
         futures: FuturesTable | None = None,
         max_context: int | None = None,
+        shared: SharedCalls | None = None,
     ) -> None:
         self.gw, self.trainer = gw, trainer
         self.base_models = [b for b in base_models if b]
         self.max_context = max_context
+        self.shared: SharedCalls = shared if shared is not None else MemoryCalls()
         self.futures = futures if futures is not None else FuturesTable()
         self.futures.finish = self._finish
+        self.futures.record = self._record
+        self.futures.lookup = self._lookup
         self._models: dict[tuple[str, str], Model] = {}
         self._states: dict[tuple[str, str], str] = {}  # (tenant, tinker path) → store uri
         self._calls: dict[uuid.UUID, str] = {}  # a call's event id → its future's request id
@@ -165,10 +181,12 @@ class TinkerApi:
         found = self._models.get((tenant, policy))
         if found is not None:
             return found
-        # Created through another instance (or before a restart): the catalog knows the policy.
-        await self.gw.target(Ref(tenant, policy, alias="prod"), str(model_id))
-        base = self.base_models[0] if self.base_models else ""
-        return remember(self._models, (tenant, policy), Model(str(model_id), policy, base))
+        # Created through another instance (or before a restart): the shared rows know it.
+        row = await self._io(self.shared.model, tenant, policy)
+        if row is None or row.model_id != model_id:
+            raise ModelNotFound(str(model_id))
+        model = Model(row.model_id, policy, row.base_model, row.rank, row.train_attn, row.train_mlp)
+        return remember(self._models, (tenant, policy), model)
 
     def info(self, model: Model) -> dict[str, Any]:
         return {
@@ -206,9 +224,8 @@ class TinkerApi:
         """
         event_id = call.event_id(tenant, model.model_id, cmd.op) if call else None
         if event_id is not None:
-            first = self._calls.get(event_id)
-            entry = self.futures.get(first, tenant) if first else None
-            if entry is not None and not _unqueued(entry.outcome):
+            first = await self._first_of(tenant, event_id)
+            if first is not None:
                 log.info("tinker call re-sent", op=cmd.op, request_id=first)
                 return {"request_id": first, "model_id": model.model_id}
         try:
@@ -221,13 +238,19 @@ class TinkerApi:
             )
         except EventValidationError as e:  # the envelope's rules (e.g. a store uri's namespace)
             raise steps.bad(f"{cmd.op}: {e}") from e
-        self.futures.add(cmd.request_id, tenant, cmd.op, model_id=model.model_id, **context)
+        entry = self.futures.add(cmd.request_id, tenant, cmd.op, model_id=model.model_id, **context)
+        # Shared before it is published: any instance may hear the answer, or be asked.
+        await self._io(self.shared.add_future, tenant, record_of(entry))
         if event_id is not None:
+            await self._io(self.shared.add_call, tenant, event_id, cmd.request_id)
             remember(self._calls, event_id, cmd.request_id)
         try:
             await self.trainer.publish(env)
         except ApiError as e:
-            self.futures.settle(cmd.request_id, Failed(e.message, "server", queued=False))
+            failed = Failed(e.message, "server", queued=False)
+            self.futures.settle(cmd.request_id, failed)
+            with contextlib.suppress(ApiError):  # a re-sent copy finds it failed, or pending
+                await self._io(self.shared.settle, tenant, record_of(entry, failed))
             raise
         log.info("tinker call queued", op=cmd.op, policy=model.policy, request_id=cmd.request_id)
         return {"request_id": cmd.request_id, "model_id": model.model_id}
@@ -263,9 +286,12 @@ class TinkerApi:
         cmd = steps.step(
             self._request_id(), "create", req.base_model, lora=lora, seed=req.lora_config.seed
         )
-        out = await self._submit(tenant, model, cmd, call)
+        record = ModelRecord(
+            model_id, policy, req.base_model, model.rank, model.train_attn, model.train_mlp
+        )
+        await self._io(self.shared.add_model, tenant, record)
         remember(self._models, (tenant, policy), model)
-        return out
+        return await self._submit(tenant, model, cmd, call)
 
     async def forward_backward(
         self, tenant: str, req: FwdBwdRequest, call: CallKey | None = None
@@ -319,11 +345,13 @@ class TinkerApi:
                 "unsupported_parameter",
             )
         model = await self.model(tenant, req.model_id)
-        source = self._states.get((tenant, req.path))
+        source = self._states.get((tenant, req.path)) or await self._io(
+            self.shared.state, tenant, req.path
+        )
         if source is None:
             raise steps.bad(
-                f"path {req.path!r} names no state saved through this gateway instance for "
-                "your tenant: pass the path that save_state returned",
+                f"path {req.path!r} names no state saved by your tenant: pass the path that "
+                "save_state returned",
                 "path",
             )
         cmd = steps.step(self._request_id(), "load_state", model.base_model, source_uri=source)
@@ -339,7 +367,53 @@ class TinkerApi:
             and outcome.json
         ):
             remember(self._states, (entry.tenant, outcome.json["path"]), payload.state_uri)
+            try:  # (the instance that took the call still has it: only others would miss it)
+                self.shared.add_state(entry.tenant, outcome.json["path"], payload.state_uri)
+            except Exception as e:
+                log.warning("tinker state not shared", path=outcome.json["path"], error=str(e))
         return outcome
+
+    # ------------------------------------------------------------------ shared with the others
+
+    async def _io(self, fn: Callable[..., V], *args: Any) -> V:
+        """A blocking read or write of the shared rows, off the event loop; an outage of the
+        catalog is the caller's 503 (the SDK retries it)."""
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except CatalogUnavailable as e:
+            raise Unavailable(
+                "the gateway's shared state (Cassandra) did not answer; retry shortly",
+                headers={"Retry-After": str(self.gw.config.retry_after_s)},
+            ) from e
+
+    async def _first_of(self, tenant: str, event_id: uuid.UUID) -> str | None:
+        """The request id of an earlier copy of this call, if its future stands (pending or
+        answered; not one that never reached the broker)."""
+        first = self._calls.get(event_id) or await self._io(self.shared.call, tenant, event_id)
+        if first is None:
+            return None
+        entry = self.futures.get(first, tenant)
+        if entry is not None:
+            return None if _unqueued(entry.outcome) else first
+        row = await self._io(self.shared.future, tenant, first)
+        return None if row is None or _unqueued(outcome_of(row)) else first
+
+    def _record(self, entry: Entry, outcome: Outcome) -> None:
+        """An outcome for every instance (on the follower's thread; the next instance to hear
+        the answer records it again if this write fails)."""
+        try:
+            self.shared.settle(entry.tenant, record_of(entry, outcome))
+        except Exception as e:
+            log.warning("tinker outcome not shared", request_id=entry.request_id, error=str(e))
+
+    def _lookup(self, tenant: str, request_id: str) -> Entry | None:
+        """A future of another instance (or of this one before a restart)."""
+        try:
+            row = self.shared.future(tenant, request_id)
+        except Exception as e:
+            log.warning("tinker future not read", request_id=request_id, error=str(e))
+            return None
+        return None if row is None else entry_of(tenant, row)
 
     # ------------------------------------------------------------------ sampling
 
@@ -360,7 +434,9 @@ class TinkerApi:
     async def _check_policy(self, tenant: str, policy: str, shown: str) -> None:
         """ModelNotFound unless the caller's tenant has the policy (made here, or in the
         catalog: gateway.service.Gateway.target, cached)."""
-        if (tenant, policy) not in self._models:
+        if (tenant, policy) in self._models:
+            return
+        if await self._io(self.shared.model, tenant, policy) is None:
             await self.gw.target(Ref(tenant, policy, alias="prod"), shown)
 
     def sampler(self, sampler: str) -> dict[str, Any]:
@@ -383,7 +459,8 @@ class TinkerApi:
         await self._check_policy(tenant, policy, str(sid))
         request_id = self._request_id()
         payloads = sampling.infer_requests(req, revision, request_id, self.gw.config)
-        self.futures.add(request_id, tenant, "sample")
+        entry = self.futures.add(request_id, tenant, "sample")
+        await self._io(self.shared.add_future, tenant, record_of(entry))
         task = asyncio.create_task(
             self._run_sample(request_id, Ref(tenant, policy, revision=revision), payloads)
         )
@@ -403,14 +480,31 @@ class TinkerApi:
             log.exception("sampling failed", request_id=request_id)
             outcome = Failed(f"sampling failed: {type(e).__name__}", "server")
         self.futures.settle(request_id, outcome)
+        entry = self.futures.get(request_id, ref.tenant)
+        if entry is not None:
+            await asyncio.to_thread(self._record, entry, outcome)
 
     # ------------------------------------------------------------------ futures
 
     async def retrieve(self, tenant: str, request_id: str) -> Outcome | None:
+        """The outcome (None: still pending): waited for here when this instance took the
+        call, else read from the shared rows, which every instance that hears the answer
+        writes (polled for up to the futures' ``poll_s``)."""
         entry = self.futures.get(request_id, tenant)
-        if entry is None:
+        if entry is not None:
+            return await self.futures.wait(entry)
+        row = await self._io(self.shared.future, tenant, request_id)
+        if row is None:
             raise FutureNotFound(request_id)
-        return await self.futures.wait(entry)
+        deadline = time.monotonic() + self.futures.poll_s
+        while (outcome := outcome_of(row)) is None and time.monotonic() < deadline:
+            await asyncio.sleep(SHARED_POLL_S)
+            row = await self._io(self.shared.future, tenant, request_id) or row
+        age = time.time() - row.created_at.timestamp()
+        if outcome is None and age > self.futures.answer_timeout_s:
+            outcome = self.futures.timed_out(row.kind)
+            await self._io(self.shared.settle, tenant, record_of(entry_of(tenant, row), outcome))
+        return outcome
 
 
 def _unqueued(outcome: Outcome | None) -> bool:

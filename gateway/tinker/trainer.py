@@ -2,13 +2,16 @@
 ``train.steps`` (keyed by policy, so one policy's calls keep their order), answers in from
 ``train.step.results``.
 
-The answers are followed like the engines' (gateway.replies): every partition from its end,
-without a consumer group, skipping before decoding every record that lacks this instance's
-request-id prefix. Each own answer goes to the futures table by its ``request_id``.
+The answers are followed like the engines' (gateway.replies), without a consumer group, but
+every instance reads every answer: the call may have been taken by another instance, which may
+be gone, so each answer goes to the futures table by its ``request_id`` and tenant, which
+settles it here or records it in the shared rows (gateway.tinker.futures). A starting instance
+reads from ``catch_up_s`` ago, so answers given while no instance ran are recorded too.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any, Protocol
 
 import structlog
@@ -21,6 +24,7 @@ from schemas.exceptions import SchemaError
 from schemas.registry import decode_event
 from schemas.settings import MintSettings
 from streams.clients import make_producer
+from streams.follower import Since
 from streams.topics import topic_for
 
 log = structlog.get_logger()
@@ -38,16 +42,21 @@ class Trainer(Protocol):
 
 class KafkaTrainer:
     def __init__(
-        self, settings: MintSettings, instance_id: str, prefix: str, *, retry_after_s: int = 5
+        self,
+        settings: MintSettings,
+        instance_id: str,
+        *,
+        retry_after_s: int = 5,
+        catch_up_s: float = 300.0,
     ) -> None:
         self.settings, self.instance_id, self.retry_after_s = settings, instance_id, retry_after_s
+        self.catch_up_s = catch_up_s
         self.requests = topic_for(settings, "train.steps")
         self.results = topic_for(settings, "train.step.results")
-        self._marker = prefix.encode()
         self.producer = make_producer(
             settings, client_id=f"{instance_id}-train-steps", linger_ms=0, max_block_ms=5000
         )
-        self.counts = {"own": 0, "late": 0, "foreign": 0, "undecodable": 0}
+        self.counts = {"answered": 0, "known": 0, "undecodable": 0}
         self._answers: AnswerFollower | None = None
 
     def start(self, futures: FuturesTable) -> None:
@@ -64,6 +73,7 @@ class KafkaTrainer:
             name="tinker-results",
             route=lambda record: self._route(record.value, futures),
             on_error=undecodable,
+            start=Since(int((time.time() - self.catch_up_s) * 1000)),
         )
         self._answers.start()
 
@@ -72,17 +82,15 @@ class KafkaTrainer:
         return self._answers is not None and self._answers.alive
 
     def _route(self, value: bytes | None, futures: FuturesTable) -> None:
-        if not value or self._marker not in value:
-            self.counts["foreign"] += 1
-            return
         try:
-            payload = decode_event(value).payload
-            rid = payload.request_id
+            env = decode_event(value or b"")
+            rid = env.payload.request_id
         except (SchemaError, AttributeError):
             self.counts["undecodable"] += 1
             return
-        outcome = "own" if futures.answer_threadsafe(rid, payload) else "late"
-        self.counts[outcome] += 1
+        # known: answered before (or no future of any instance: expired, another deployment's)
+        answered = futures.answer_threadsafe(rid, env.payload, env.tenant)
+        self.counts["answered" if answered else "known"] += 1
 
     async def publish(self, env: Envelope[Any]) -> None:
         """Send one command and wait for the broker's ack (so calls keep their order)."""
