@@ -33,3 +33,8 @@ class RanksLost(BackendError, TransientError):
     """A data-parallel rank died or the ranks fell out of step (workers/trainer/ranks.py). Not the
     record's fault: the consumer loop never dead-letters it, and rank 0 stops (its ``stop`` is
     set), leaving the record uncommitted for the restarted trainer."""
+
+
+class AdapterExists(TrainerError, RuntimeError):
+    """A policy's adapter name is already in the model while the policy is not held: loading
+    into it would mix weights, so the policy is refused instead."""

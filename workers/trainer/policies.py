@@ -10,7 +10,7 @@ model runs on the trainer's compute thread (``on_compute``).
 
 from __future__ import annotations
 
-import re
+import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -28,7 +28,7 @@ from catalog.store import AdapterStore, StoredAdapter
 from workers.trainer import evicted
 from workers.trainer.backends import Backend, DeepSpeedBackend, TorchBackend
 from workers.trainer.config import TrainerConfig
-from workers.trainer.exceptions import PolicyNotLoaded, UntrainableTarget
+from workers.trainer.exceptions import AdapterExists, PolicyNotLoaded, UntrainableTarget
 
 log = structlog.get_logger()
 
@@ -109,8 +109,11 @@ class PolicySnapshot:
 
 
 def _adapter_name(policy_id: str) -> str:
-    # PEFT adapter names become attribute keys: no '/' or '.'.
-    return "p_" + re.sub(r"[^A-Za-z0-9_]", "_", policy_id)
+    """A digest of the policy id: injective (a character map made ``acme/x-p`` and ``acme-x/p``
+    one adapter, so two tenants shared weights) and a valid attribute key ([A-Za-z0-9_]), as
+    PEFT adapter names must be. Nothing persists it: evicted/step state stores parameters by
+    position, and exports strip the name (get_peft_model_state_dict), so renaming is safe."""
+    return "p_" + hashlib.sha256(policy_id.encode()).hexdigest()[:32]
 
 
 class HeldPolicies:
@@ -129,6 +132,9 @@ class HeldPolicies:
         self._pinned: dict[str, int] = {}  # policy id -> updates in flight (never evicted)
         self._pins_guard = threading.Lock()
         self._evicted: dict[str, tuple] = {}  # evicted state when there is no store
+        # Called with a policy id after its eviction (on the compute thread: keep them cheap),
+        # so what others keep per policy (steps.py's remembered answers) goes with it.
+        self.evict_listeners: list[Callable[[str], None]] = []
 
     @contextmanager
     def updating(self, policy_id: str) -> Iterator[None]:
@@ -196,14 +202,27 @@ class HeldPolicies:
             torch.manual_seed(seed)  # LoRA A init is random: a seed makes runs repeatable
         if parent is None:
             _check_trainable(self.base, lora)
-        if parent is not None:
-            self._load_parent(name, parent)
-        elif self.model is None:
-            self.model = get_peft_model(
-                self.base, lora.peft_config(self.config.base_model), adapter_name=name
+        if self.model is not None and name in self.model.peft_config:
+            # PEFT's load_adapter (and set_peft_model_state_dict) would load a parent INTO the
+            # resident adapter: two policies would share its weights. Never: refuse.
+            raise AdapterExists(
+                f"adapter {name!r} of policy {policy_id!r} is already in the model but not held "
+                "as that policy; restart the trainer to clear it"
             )
-        else:
-            self.model.add_adapter(name, lora.peft_config(self.config.base_model))
+        try:
+            if parent is not None:
+                self._load_parent(name, parent)
+            elif self.model is None:
+                self.model = get_peft_model(
+                    self.base, lora.peft_config(self.config.base_model), adapter_name=name
+                )
+            else:
+                self.model.add_adapter(name, lora.peft_config(self.config.base_model))
+        except BaseException:
+            # Half-added (a corrupt parent): leave no adapter behind that no policy owns.
+            if self.model is not None and name in self.model.peft_config:
+                self.model.delete_adapter(name)
+            raise
         self.model.set_adapter(name)
         params = [p for n, p in self.model.named_parameters() if f".{name}." in n]
         for p in params:
@@ -273,6 +292,8 @@ class HeldPolicies:
                 self._evicted[policy_id] = (params, optimizer, meta)
         self._remove_policy(policy_id)
         log.info("policy_evicted", policy=policy_id, saved=optimizer is not None)
+        for listener in self.evict_listeners:
+            listener(policy_id)
 
     def _resume_evicted(self, state: PolicyState) -> None:
         """Continue an evicted policy exactly where it was, if it returns at the same revision."""
