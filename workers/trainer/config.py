@@ -26,6 +26,13 @@ class TrainerConfig(BaseModel):
     backend: Literal["torch", "deepspeed"] = "torch"
     dtype: Literal["float32", "bfloat16"] = "float32"
     max_policies: int = Field(64, ge=1, description="adapters held at once (LRU beyond)")
+    # Step-level calls (steps.py): gradients waiting for an optim_step pin their policy.
+    max_pinned_per_tenant: int = Field(
+        4, ge=1, description="policies of one tenant with gradients waiting for an optim_step"
+    )
+    pinned_idle_s: float = Field(
+        900.0, gt=0, description="waiting gradients without a call this long are dropped"
+    )
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = Field(1e-8, gt=0)

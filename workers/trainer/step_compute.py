@@ -10,6 +10,7 @@ while any wait, since eviction saves weights and optimizer state but not gradien
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,20 @@ if TYPE_CHECKING:
 # Padded tokens per forward of a step-level call: logits are tokens x vocab floats, so memory
 # follows this, not the call's size (up to schemas.events.steps.MAX_STEP_TOKENS).
 STEP_BATCH_TOKENS = 2048
+# Logprobs answered are at least this: a -inf (a token the model gives no mass at all) cannot be
+# published (JSON has no Inf), and below it exp() is 0 in float64 already, so nothing is lost.
+LOGPROB_FLOOR = -1e4
+# exp(x) overflows float32 above ~88.7: the log-ratio past which an importance weight is Inf.
+_RATIO_OVERFLOW = 88.0
+
+
+class NonFiniteGradients(BadBatch):
+    """Gradients with NaN or Inf: never added to a policy's, never applied."""
+
+
+def _all_finite(tensors: list[torch.Tensor]) -> bool:
+    """One device sync: the max |value| of each is finite iff every value is (NaN propagates)."""
+    return bool(torch.isfinite(torch.stack([t.detach().abs().amax() for t in tensors])).all())
 
 
 def _token_batches(lengths: list[int], budget: int) -> list[list[int]]:
@@ -87,6 +102,7 @@ class StepCompute:
         # A failed call leaves the accumulated gradients as they were before it.
         grads = [None if p.grad is None else p.grad.clone() for p in state.params]
         total, logprobs = 0.0, []
+        gap = (float("-inf"), -1)  # the largest log π − log π_sampler, and its datum
         self.model.train(backward)
         try:
             for rows in _token_batches([len(d.tokens) for d in datums], STEP_BATCH_TOKENS):
@@ -112,15 +128,27 @@ class StepCompute:
                             if getattr(d, k) is not None
                         }
                         loss = loss + step_loss(loss_fn, lp, inputs, config)
-                        logprobs.append(lp.detach().cpu().tolist())
+                        if "logprobs" in inputs and loss_fn != "cross_entropy":
+                            g = float((lp.detach() - inputs["logprobs"]).max())
+                            gap = max(gap, (g, rows[j]))
+                        logprobs.append(lp.detach().clamp(min=LOGPROB_FLOOR).cpu().tolist())
                     if not torch.isfinite(loss):
                         raise BadBatch(
-                            f"{loss_fn} loss is {float(loss.detach())}: check the datums' logprobs, "
-                            "advantages and weights for NaN/Inf"
+                            f"{loss_fn} loss is {float(loss.detach())}: "
+                            + _cause(
+                                loss_fn,
+                                gap,
+                                "check the datums' logprobs, advantages and weights for NaN/Inf",
+                            )
                         )
                     if backward:
                         loss.backward()
                 total += float(loss.detach())
+            if not math.isfinite(total):  # finite parts, an overflowing sum
+                raise BadBatch(f"{loss_fn} loss summed over the datums is {total}: send fewer")
+            grads_now = [p.grad for p in state.params if p.grad is not None]
+            if backward and grads_now and not _all_finite(grads_now):
+                raise NonFiniteGradients(_non_finite_reason(loss_fn, total, gap))
         except BaseException:
             for p, g in zip(state.params, grads, strict=True):
                 p.grad = g
@@ -145,6 +173,17 @@ class StepCompute:
         for p in state.params:  # a parameter the loss never reached: a zero gradient
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+        norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in state.params])))
+        if not math.isfinite(norm):
+            # AdamW would write NaN into the weights and its moments (and the checkpoint):
+            # nothing is applied, and the gradients, useless now, are dropped.
+            self._drop_gradients(policy_id)
+            raise NonFiniteGradients(
+                f"the gradient norm of {calls} accumulated forward_backward call(s) is {norm}; "
+                "nothing was applied (weights and optimizer state are as they were) and those "
+                "gradients were dropped: send the forward_backward calls again (with finite, "
+                "moderate inputs), then optim_step"
+            )
         before = backend.clip, [dict(g) for g in backend.optimizer.param_groups]
         for group in backend.optimizer.param_groups:
             group.update(
@@ -164,3 +203,32 @@ class StepCompute:
         state.accumulated = 0
         self.policies.move_to_end(policy_id)
         return {"grad_norm": grad_norm, "accumulated_calls": float(calls), "stepped": 1.0}
+
+    def drop_gradients(self, policy_id: str) -> None:
+        """Forget the policy's accumulated gradients (idle too long, or not finite)."""
+        self.on_compute(self._drop_gradients, policy_id)
+
+    def _drop_gradients(self, policy_id: str) -> None:
+        state = self.policy(policy_id)
+        for p in state.params:
+            p.grad = None
+        state.accumulated = 0
+
+
+def _cause(loss_fn: str, gap: tuple[float, int], otherwise: str) -> str:
+    if gap[0] <= _RATIO_OVERFLOW:
+        return otherwise
+    return (
+        f"likely a {loss_fn} ratio overflow: in datums[{gap[1]}] a sampler logprob is "
+        f"{gap[0]:.1f} below the current policy's, and exp() of more than "
+        f"{_RATIO_OVERFLOW:.0f} is Inf in float32; send the sampler's own logprobs of these "
+        "target tokens (or leave out datums sampled from another policy)"
+    )
+
+
+def _non_finite_reason(loss_fn: str, loss: float, gap: tuple[float, int]) -> str:
+    return (
+        f"{loss_fn} gradients are not finite (NaN/Inf) although the loss is {loss:.6g}; "
+        "nothing was added to the policy's gradients: "
+        + _cause(loss_fn, gap, "check the datums' inputs for extreme values")
+    )

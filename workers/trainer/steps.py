@@ -28,19 +28,18 @@ those records again, which add the same gradients again (the answers, same event
 re-sent). A replayed record from before the checkpoint was answered already and is skipped;
 the checkpoint's own record gets its saved answer again. In one process, answers are
 remembered by command event id and re-sent, never recomputed. A partition a rebalance takes
-away drops its policies here (the new owner resumes them the same way).
+away drops its policies here (the new owner resumes them the same way). What is kept in memory
+is bounded (step_limits.py): pinned policies per tenant, idle gradients, remembered answers.
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from catalog.exceptions import CatalogError
 from schemas import Envelope
 from schemas.envelope import make_reply
 from schemas.events.steps import TrainStepCompleted, TrainStepFailed, TrainStepRequested
@@ -48,25 +47,21 @@ from schemas.events.update import LoraSpec
 from streams.deferred import DeferredWork
 from streams.records import is_transient
 from workers.trainer import step_state
-from workers.trainer.exceptions import BackendError, BadBatch
 from workers.trainer.losses import step_loss_config
 from workers.trainer.policies import LoraShape, PolicyState
+from workers.trainer.step_compute import NonFiniteGradients
+from workers.trainer.step_limits import (
+    Answer,
+    RememberedAnswers,
+    StepRefused,
+    WaitingGradients,
+    classify,
+)
 
 if TYPE_CHECKING:
     from workers.trainer.worker import TrainerService
 
 log = structlog.get_logger()
-
-ANSWERS_KEPT = 64  # answers per policy remembered for redelivered commands (the latest)
-Answer = TrainStepCompleted | TrainStepFailed
-
-
-class StepRefused(Exception):
-    """A call that cannot run as sent: answered failed at ``stage`` with this message."""
-
-    def __init__(self, stage: str, reason: str) -> None:
-        super().__init__(reason)
-        self.stage = stage
 
 
 def _shape(spec: LoraSpec) -> LoraShape:
@@ -91,11 +86,13 @@ class StepService:
 
     def __init__(self, service: TrainerService) -> None:
         self.service, self.trainer, self.store = service, service.trainer, service.store
-        # Per policy: answers by command event id (the most recent), re-sent on redelivery.
-        self._answers: dict[str, OrderedDict[str, Answer]] = {}
+        # Answers by command event id (the most recent, bounded), re-sent on redelivery.
+        self._answers = RememberedAnswers()
         # Per policy: forward_backward calls whose gradients wait for an optim_step (while
         # any wait the policy is pinned: eviction saves weights and optimizer, not gradients).
-        self._waiting: dict[str, set[str]] = {}
+        config = self.trainer.config
+        self._waiting = WaitingGradients(config.max_pinned_per_tenant, config.pinned_idle_s)
+        self.trainer.evict_listeners.append(self._evicted)
         self._unsaved: dict[str, str] = {}  # policy -> the call whose checkpoint is not written
         self._where: dict[str, tuple[str, int]] = {}  # policy -> (topic, partition) it came on
 
@@ -107,7 +104,9 @@ class StepService:
         offsets of forward_backward records until the optim_step that uses their gradients."""
         p: TrainStepRequested = env.payload
         pid, eid = env.policy_id, str(env.event_id)
+        self._expire_idle()
         with self.service._policy_lock(pid):
+            self._waiting.touch(pid)
             pos = _position(record)
             if pos is not None:
                 self._where[pid] = pos[:2]
@@ -134,6 +133,8 @@ class StepService:
                 # Its gradients exist in memory only: replayed after a restart (the policy
                 # resumes from its checkpoint), committed once its optim_step is checkpointed.
                 deferred.hold(record, ("grads", pid))
+                self._waiting.held_in(pid, deferred)
+            self._waiting.release_due(deferred)  # of gradients dropped (idle, not finite)
             self._publish(env, answer)
             return answer
 
@@ -147,11 +148,24 @@ class StepService:
                 self._drop(pid)
             log.info("step_policy_dropped_on_revoke", policy=pid)
 
+    def _expire_idle(self) -> None:
+        self._waiting.expire_idle(self.service._policy_lock, self._drop_expired)
+
+    def _drop_expired(self, pid: str) -> None:
+        if pid in self.trainer.policies:
+            self.trainer.drop_gradients(pid)
+        self.trainer.unpin(pid)
+
+    def _evicted(self, pid: str) -> None:
+        """The trainer evicted ``pid`` (on its compute thread): what is kept for it goes too."""
+        self._answers.drop(pid)
+        self._where.pop(pid, None)
+
     def _known(self, env: Envelope[Any], pos: tuple | None) -> tuple[bool, Answer | None]:
         """(True, answer) for a call answered before: remembered, or at the checkpoint's own
         record. (True, None): a replayed record from before the checkpoint (done, answered)."""
         pid = env.policy_id
-        cached = self._answers.get(pid, {}).get(str(env.event_id))
+        cached = self._answers.get(pid, str(env.event_id))
         try:
             state = self.trainer.policies.get(pid) or self._resume(env)
         except Exception as e:
@@ -168,10 +182,7 @@ class StepService:
         return cached is not None, cached
 
     def _remember(self, pid: str, event_id: str, answer: Answer) -> None:
-        answers = self._answers.setdefault(pid, OrderedDict())
-        answers[event_id] = answer
-        while len(answers) > ANSWERS_KEPT:
-            answers.popitem(last=False)
+        self._answers.put(pid, event_id, answer)
 
     def _checkpoint(self, pid: str, pos: tuple | None, answer: Answer) -> bool:
         """Write the checkpoint of the call just answered; False if the store refused it."""
@@ -196,9 +207,10 @@ class StepService:
 
     def _drop(self, pid: str) -> None:
         self._where.pop(pid, None)
-        self._answers.pop(pid, None)
+        self._answers.drop(pid)
         self._unsaved.pop(pid, None)
         self._unpin(pid)
+        self._waiting.forget_releases(pid)  # a revoke forgets the held records itself
         if pid in self.trainer.policies:
             self.trainer.remove_policy(pid)
 
@@ -213,10 +225,14 @@ class StepService:
         try:
             with self.trainer.updating(env.policy_id):  # never evicted mid-call
                 fields = self._run(env, p)
+            # Built here: a non-finite value (the schema refuses it) is this call's failure.
+            return TrainStepCompleted(
+                request_id=p.request_id, op=p.op, duration_s=time.perf_counter() - t0, **fields
+            )
         except Exception as e:
             if is_transient(e):
                 raise  # an outage: the consumer loop waits it out and runs the call again
-            stage, retryable = _classify(e)
+            stage, retryable = classify(e)
             log.warning("train_step_failed", op=p.op, stage=stage, error=str(e)[:300])
             return TrainStepFailed(
                 request_id=p.request_id,
@@ -225,9 +241,6 @@ class StepService:
                 reason=f"{p.op}: {e}"[:2000],
                 retryable=retryable,
             )
-        return TrainStepCompleted(
-            request_id=p.request_id, op=p.op, duration_s=time.perf_counter() - t0, **fields
-        )
 
     # The calls.
 
@@ -239,6 +252,7 @@ class StepService:
                 f"base_model={p.base_model!r} but this trainer holds {base!r}; send the call to "
                 "a trainer of that base model (one consumer group per base)",
             )
+        self._waiting.check_expired(env.policy_id, p.op)
         if p.op == "load_state":
             return self._load_state(env, p)
         state = self.trainer.policies.get(env.policy_id) or self._resume(env)
@@ -324,28 +338,31 @@ class StepService:
                     )
         # A forward_backward whose gradients were added already (delivered again, its answer
         # no longer remembered) is answered from a forward: nothing is added twice.
-        backward = p.op == "forward_backward" and eid not in self._waiting.get(pid, ())
+        backward = p.op == "forward_backward" and eid not in self._waiting.calls(pid)
+        if backward:
+            self._waiting.check_room(env.tenant, pid)
         loss, logprobs, tokens = self.trainer.forward_datums(
             pid, list(p.datums), p.loss_fn, config, backward
         )
-        if backward:
-            if pid not in self._waiting:
-                self.trainer.pin(pid)
-                self._waiting[pid] = set()
-            self._waiting[pid].add(eid)
+        if backward and self._waiting.add(pid, env.tenant, eid):
+            self.trainer.pin(pid)
         metrics = {"tokens": float(tokens), "datums": float(len(p.datums))}
         return {"loss": loss, "logprobs": logprobs, "metrics": metrics}
 
     def _optim_step(self, env: Envelope[Any], p: TrainStepRequested) -> dict[str, Any]:
         assert p.adam is not None  # the schema requires it
         pid = env.policy_id
-        metrics = self.trainer.optim_step(pid, p.adam.model_dump())
+        try:
+            metrics = self.trainer.optim_step(pid, p.adam.model_dump())
+        except NonFiniteGradients as e:  # the gradients were dropped: so is their pin
+            self._unpin(pid, release=True)
+            raise StepRefused("compute", str(e)) from e
         self._unpin(pid)
         self._unsaved[pid] = str(env.event_id)
         return {"metrics": metrics}
 
-    def _unpin(self, pid: str) -> None:
-        if self._waiting.pop(pid, None) is not None:
+    def _unpin(self, pid: str, release: bool = False) -> None:
+        if self._waiting.pop(pid, release):
             self.trainer.unpin(pid)
 
     def _save_for_sampler(self, env: Envelope[Any], p: TrainStepRequested) -> dict[str, Any]:
@@ -382,16 +399,3 @@ def _answer_id(event_id: Any) -> Any:
     from workers.trainer.worker import derived_id
 
     return derived_id(event_id, "step")
-
-
-def _classify(e: Exception) -> tuple[str, bool]:
-    """(stage, retryable) of a failed call."""
-    if isinstance(e, StepRefused):
-        return e.stage, False
-    if isinstance(e, BadBatch):  # a non-finite loss
-        return "compute", False
-    if isinstance(e, ValueError | PermissionError | BackendError):  # what was sent
-        return "validate", False
-    if isinstance(e, CatalogError | OSError):
-        return "store", False
-    return "compute", isinstance(e, RuntimeError)  # e.g. out of memory: another try may pass

@@ -6,27 +6,31 @@ and Cassandra are faked (a list of published events, a dict catalog); the model 
 from __future__ import annotations
 
 import math
-import uuid
-from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 import torch
 
-from catalog.exceptions import PolicyNotFound
-from catalog.models import Revision
-from catalog.store import AdapterStore
-from schemas import make_event
 from schemas.events import LoraSpec
-from schemas.events.steps import AdamSpec, StepDatum, TrainStepRequested
-from workers.models import TinySpec, build_tiny
-from workers.trainer import MultiPolicyTrainer, TrainerConfig
+from schemas.events.steps import AdamSpec, StepDatum
+from tests.unit.trainer._helpers import (
+    ADAM,
+    BATCH,
+    LORA,
+    TENANT,
+    FakeDeferred,
+    Rec,
+    _grads,
+    _params,
+    answers,
+    call,
+    command,
+    restarted,
+)
 from workers.trainer.losses import step_loss, step_loss_config
 from workers.trainer.step_compute import _token_batches
-from workers.trainer.worker import TrainerService, derived_id
+from workers.trainer.worker import derived_id
 
 torch.set_num_threads(1)
-TENANT = "acme"
 
 
 # Losses: sums over positions, as Tinker's built-ins.
@@ -84,93 +88,6 @@ def test_token_batches_keep_order_and_bound_padded_tokens():
 # The service, on the tiny Llama.
 
 
-class FakeProducer:
-    def __init__(self) -> None:
-        self.sent: list = []
-
-    def publish_many(self, envelopes):
-        self.sent.extend(envelopes)
-        return [None] * len(envelopes)
-
-
-class FakeCatalog:
-    """register_revision idempotent by digest and source event id, like the real one."""
-
-    def __init__(self) -> None:
-        self.policies: set = set()
-        self.revisions: list[Revision] = []
-
-    def get_policy(self, tenant, policy):
-        if (tenant, policy) not in self.policies:
-            raise PolicyNotFound(policy)
-
-    def create_policy(self, tenant, policy, base_model, by, at):
-        self.policies.add((tenant, policy))
-
-    def register_revision(self, tenant, policy, *, digest, store_uri, source_event_id, **kw):
-        mine = [r for r in self.revisions if (r.tenant, r.policy) == (tenant, policy)]
-        for r in mine:
-            if r.digest == digest or r.source_event_id == source_event_id:
-                return r
-        rev = Revision(
-            tenant,
-            policy,
-            len(mine) + 1,
-            digest,
-            store_uri,
-            kw["base_model"],
-            kw["parent_revision"],
-            datetime.now(UTC),
-            "test",
-            source_event_id,
-        )
-        self.revisions.append(rev)
-        return rev
-
-    def get_revision(self, tenant, policy, revision):
-        return next(
-            r
-            for r in self.revisions
-            if (r.tenant, r.policy, r.revision) == (tenant, policy, revision)
-        )
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    return build_tiny(TinySpec("llama", "test", seed=0), tmp_path_factory.mktemp("m") / "llama")
-
-
-@pytest.fixture
-def service(tiny: Path, tmp_path: Path):
-    store = AdapterStore(tmp_path / "store")
-    trainer = MultiPolicyTrainer(TrainerConfig(base_model=str(tiny), max_policies=2), store=store)
-    yield TrainerService(trainer, store, FakeCatalog(), FakeProducer(), name="trainer/test")
-    trainer.close()
-
-
-def call(service, policy: str, op: str, event_id=None, **fields):
-    fields.setdefault("base_model", service.trainer.config.base_model)
-    payload = TrainStepRequested(request_id=f"{op}-{uuid.uuid4().hex[:8]}", op=op, **fields)
-    env = make_event(payload, tenant=TENANT, policy=policy, producer="gateway/test")
-    if event_id is not None:
-        env = env.model_copy(update={"event_id": event_id})
-    return env, service.steps.handle(env)
-
-
-def answers(service, env):
-    return [e for e in service.producer.sent if e.causation_id == env.event_id]
-
-
-LORA = LoraSpec(rank=4, alpha=8, target_modules=["q_proj", "v_proj"])
-BATCH = [
-    StepDatum(
-        tokens=[5, 9, 13, 21, 34], target_tokens=[9, 13, 21, 34, 55], weights=[0, 1, 1, 1, 1]
-    ),
-    StepDatum(tokens=[7, 11, 19], target_tokens=[11, 19, 3], weights=[1, 1, 1]),
-]
-ADAM = AdamSpec(learning_rate=1e-2)
-
-
 def test_create_is_idempotent_and_refuses_another_shape(service):
     env, first = call(service, "p", "create", lora=LORA, seed=0)
     assert first.event_type == "train.step.completed"
@@ -203,10 +120,6 @@ def test_forward_scores_each_target_after_its_prefix(service):
         assert got == pytest.approx(want, abs=1e-5)
     assert out.loss == pytest.approx(total, rel=1e-5)
     assert all(p.grad is None for p in service.trainer.policy(pid).params)  # no gradients
-
-
-def _grads(service, pid):
-    return [p.grad.clone() for p in service.trainer.policy(pid).params]
 
 
 def test_gradients_accumulate_across_calls_until_optim_step(service):
@@ -280,19 +193,21 @@ def test_a_failed_forward_backward_leaves_the_accumulated_gradients_as_they_were
     call(service, "p", "create", lora=LORA, seed=0)
     call(service, "p", "forward_backward", datums=BATCH)
     before = _grads(service, pid)
-    nan = StepDatum(
-        tokens=[1, 2], target_tokens=[2, 3], logprobs=[0, 0], advantages=[1, float("nan")]
-    )
-    # A good datum first (its backward runs), then one whose loss is NaN: the call fails whole.
+    # (Inputs are finite, the schema says; a sampler logprob far below the policy's is not.)
+    inf = StepDatum(tokens=[1, 2], target_tokens=[2, 3], logprobs=[-1e4, 0], advantages=[1, 1])
+    # A good datum first (its backward runs), then one whose loss is Inf: the call fails whole.
     ok = StepDatum(tokens=[1, 2], target_tokens=[2, 3], logprobs=[0, 0], advantages=[1, 1])
     import workers.trainer.step_compute as sc
 
     old, sc.STEP_BATCH_TOKENS = sc.STEP_BATCH_TOKENS, 2  # one datum per forward
     try:
-        _, out = call(service, "p", "forward_backward", datums=[ok, nan], loss_fn="ppo")
+        _, out = call(
+            service, "p", "forward_backward", datums=[ok, inf], loss_fn="importance_sampling"
+        )
     finally:
         sc.STEP_BATCH_TOKENS = old
-    assert out.stage == "compute" and "NaN" in out.reason
+    assert out.stage == "compute" and "loss is -inf" in out.reason
+    assert "ratio overflow: in datums[1]" in out.reason
     for a, b in zip(_grads(service, pid), before, strict=True):
         torch.testing.assert_close(a, b)
 
@@ -342,41 +257,6 @@ def test_save_for_sampler_exports_registers_and_announces(service):
 # Restarts and rebalances: checkpoints, held offsets, replay.
 
 
-class Rec:
-    def __init__(self, offset: int, partition: int = 0) -> None:
-        self.topic, self.partition, self.offset = "t.train.steps", partition, offset
-
-
-class FakeDeferred:
-    def __init__(self) -> None:
-        self.held: list[tuple[int, object]] = []
-
-    def hold(self, record, key) -> None:
-        self.held.append((record.offset, key))
-
-    def release(self, key) -> bool:
-        found = any(k == key for _, k in self.held)
-        self.held = [(o, k) for o, k in self.held if k != key]
-        return found
-
-
-def command(service, policy: str, op: str, **fields):
-    fields.setdefault("base_model", service.trainer.config.base_model)
-    payload = TrainStepRequested(request_id=f"{op}-{uuid.uuid4().hex[:8]}", op=op, **fields)
-    return make_event(payload, tenant=TENANT, policy=policy, producer="gateway/test")
-
-
-def restarted(service):
-    """A new trainer process over the same store (nothing of the old one's memory)."""
-    store = service.store
-    trainer = MultiPolicyTrainer(service.trainer.config, store=store)
-    return TrainerService(trainer, store, service.repo, FakeProducer(), name="trainer/test")
-
-
-def _params(service, pid):
-    return [p.detach().clone() for p in service.trainer.policy(pid).params]
-
-
 def test_a_restart_between_forward_backward_and_optim_step_replays_the_held_records(service):
     pid = f"{TENANT}/p"
     log = [
@@ -395,7 +275,7 @@ def test_a_restart_between_forward_backward_and_optim_step_replays_the_held_reco
     try:
         assert again.steps.handle(log[0], Rec(0), held2).event_type == "train.step.completed"
         first = again.steps.handle(log[1], Rec(1), held2)
-        assert first.logprobs == service.steps._answers[pid][str(log[1].event_id)].logprobs
+        assert first.logprobs == service.steps._answers.get(pid, str(log[1].event_id)).logprobs
         again.steps.handle(log[2], Rec(2), held2)
         for a, b in zip(_grads(again, pid), grads, strict=True):
             torch.testing.assert_close(a, b)  # accumulated once, as before the restart
