@@ -48,7 +48,7 @@ class AnswerFollower:
         start: Start = "end",
     ) -> None:
         self.settings, self.topic, self.client_id, self.name = settings, topic, client_id, name
-        self.route, self.on_error, self.key, self.start = route, on_error, key, start
+        self.route, self.on_error, self.key, self.start_at = route, on_error, key, start
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._follower: Follower | None = None
@@ -67,7 +67,7 @@ class AnswerFollower:
         if self.key is not None:  # producers place this key by the default partitioner
             only = partition_for_key(self.key, len(tps))
             tps = [tp for tp in tps if tp.partition == only]
-        follower.assign(tps, self.start)
+        follower.assign(tps, self.start_at)
         self._follower = follower
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()

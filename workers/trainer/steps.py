@@ -119,6 +119,8 @@ class StepService:
                 return None
             else:
                 log.info("train_step_redelivered", request=p.request_id, op=p.op)
+                # A copy of the call sent again (same event id) may wait under another future.
+                answer = answer.model_copy(update={"request_id": p.request_id})
             if self._unsaved.get(pid) == eid:  # (again, if an outage stopped it last time)
                 saved = self._checkpoint(pid, pos, answer)
                 if saved and deferred is not None and p.op in ("optim_step", "load_state"):

@@ -415,3 +415,21 @@ def test_a_forward_backward_delivered_again_adds_its_gradients_once(service):
         torch.testing.assert_close(a, b)
     _, step = call(service, "p", "optim_step", adam=ADAM)
     assert step.metrics["accumulated_calls"] == 1
+
+
+def test_a_call_sent_again_under_another_request_id_steps_once_and_answers_it(service):
+    # The gateway re-sends a call (the SDK's retry, on any instance) under the first copy's
+    # event id but, when the first never reached its future, under a new request id.
+    pid = f"{TENANT}/p"
+    call(service, "p", "create", lora=LORA, seed=0)
+    call(service, "p", "forward_backward", datums=BATCH)
+    env, first = call(service, "p", "optim_step", adam=ADAM)
+    weights = _params(service, pid)
+    copy = env.model_copy(
+        update={"payload": env.payload.model_copy(update={"request_id": "optim_step-copy"})}
+    )
+    again = service.steps.handle(copy)
+    assert again.request_id == "optim_step-copy" and again.metrics == first.metrics
+    for a, b in zip(_params(service, pid), weights, strict=True):
+        torch.testing.assert_close(a, b)  # not stepped twice
+    assert answers(service, env)[-1].payload.request_id == "optim_step-copy"
