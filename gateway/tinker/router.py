@@ -13,6 +13,7 @@ checkpoints, ...) answer 400 naming the call.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
@@ -21,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 
 from gateway.api import parse_json
 from gateway.auth import Caller
-from gateway.errors import BadRequest, Unavailable
+from gateway.errors import ApiError, BadRequest, Unavailable
 from gateway.tinker import bodies as b
 from gateway.tinker.futures import Done, Failed
 from gateway.tinker.service import TinkerApi
@@ -30,11 +31,23 @@ from schemas.events.steps import MAX_STEP_DATUMS, MAX_STEP_TOKENS
 
 M = TypeVar("M", bound=BaseModel)
 KEY_PREFIX = "tml-"
-MAX_BODY_BYTES = 8 * 1024 * 1024  # a forward_backward call at the step bounds is well under
+MAX_BODY_BYTES = 8 * 1024 * 1024  # the JSON calls
 # What the SDK estimates per position of a cross_entropy datum (int32 token, int64 target,
 # float32 weight): chunks of at most this many bytes stay within MAX_STEP_TOKENS per call.
 BYTES_PER_POSITION = 16
+# A forward_backward body: the SDK sends chunks of at most MAX_STEP_TOKENS * BYTES_PER_POSITION
+# (256 KiB) of tokens and tensor bytes (client_config below), plus a few dozen bytes of protobuf
+# per datum and tensor (about 100 KiB more at MAX_STEP_DATUMS datums); a datum larger than a
+# chunk travels alone, and one within MAX_STEP_TOKENS fits with up to 7 int64 inputs. Anything
+# past this is refused unread (413), and what is taken is decoded off the event loop.
+MAX_FWDBWD_BODY_BYTES = 1024 * 1024
 PROTOBUF = "application/x-protobuf"
+
+
+class BodyTooLarge(ApiError):
+    """413: the body is over the call's limit (the SDK does not retry it)."""
+
+    status, type, code = 413, "invalid_request_error", "request_too_large"
 
 
 def client_config() -> dict[str, Any]:
@@ -82,6 +95,23 @@ def build_router(api: TinkerApi) -> APIRouter:
         from gateway.app import read_body  # the app module imports this one
 
         return await read_body(request, MAX_BODY_BYTES)
+
+    async def proto_body(request: Request) -> bytes:
+        from gateway.app import read_body  # the app module imports this one
+
+        try:
+            return await read_body(request, MAX_FWDBWD_BODY_BYTES)
+        except BadRequest as e:
+            if e.code != BodyTooLarge.code:
+                raise
+            raise BodyTooLarge(
+                f"forward_backward: {e.message} ({MAX_FWDBWD_BODY_BYTES // 1024} KiB per call). "
+                "The SDK splits a batch into calls of at most "
+                f"{client_config()['fwdbwd_max_chunk_bytes_count'] // 1024} KiB of tokens and "
+                "tensors, as this server's client config says: send fewer or shorter datums "
+                "per call",
+                param="data",
+            ) from e
 
     @router.get("/healthz")
     async def healthz() -> JSONResponse:
@@ -149,8 +179,9 @@ def build_router(api: TinkerApi) -> APIRouter:
             )
         if PROTOBUF not in request.headers.get("content-type", ""):
             raise BadRequest(f"forward_backward takes a {PROTOBUF} body (the SDK's encoding)")
-        try:
-            req = decode_forward_backward(await body(request))
+        raw = await proto_body(request)
+        try:  # a thread: decoding a large body would hold every other caller back
+            req = await asyncio.to_thread(decode_forward_backward, raw)
         except WireError as e:
             raise BadRequest(f"forward_backward: {e}", param="data") from e
         return JSONResponse(await api.forward_backward(who.tenant, req))
