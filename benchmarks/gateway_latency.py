@@ -72,12 +72,16 @@ def make_adapter(model: Path, out: Path) -> Path:
     return out
 
 
-def start_gateway(settings, log: Path, model: Path = Path(".")):
-    """`mint gateway` as its own process; ``model`` is the base it offers (MINT_BASE_MODEL)."""
+def start_gateway(
+    settings, log: Path, model: Path = Path("."), *, port: int | None = None, name: str = "bench-gw"
+):
+    """`mint gateway` as its own process; ``model`` is the base it offers (MINT_BASE_MODEL);
+    ``port``: a free one unless given (a restarted instance takes its old one); ``name``: its
+    instance id."""
     from gateway.main import _free_port
     from mint.dev.workers import Workers
 
-    port = _free_port("127.0.0.1")
+    port = port or _free_port("127.0.0.1")
     env = Workers(settings, model, log.parent).env()
     proc = subprocess.Popen(
         [
@@ -90,7 +94,7 @@ def start_gateway(settings, log: Path, model: Path = Path(".")):
             "--port",
             str(port),
             "--instance-id",
-            "bench-gw",
+            name,
         ],
         env=env,
         stdout=log.open("ab"),

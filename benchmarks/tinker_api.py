@@ -10,14 +10,22 @@ both at once and waits for both, as Tinker code does. Prints ONE JSON line: over
 (median SDK step / median in-process step; target ≤ 1.25×), calls/s through the API, p50/p99 per
 call.
 
+With ``--gateways N`` the SDK reaches N gateway processes through a round-robin balancer (no
+affinity); with ``--kill`` one of them is SIGKILLed every ``--kill-every`` seconds and started
+again. The line then also counts ``lost`` (calls never answered), ``futures_404`` and
+``applied_twice`` (steps whose loss differs from the in-process trainer's on the same batches:
+a call applied twice, or lost, shows there). Targets: all three 0.
+
     python benchmarks/tinker_api.py            # SmolLM2-135M-Instruct, 8 × 128 tokens, 10 steps
     python benchmarks/tinker_api.py --smoke    # tiny Llama, 2 × 32 tokens, 3 steps (CI)
+    python benchmarks/tinker_api.py --gateways 2 --kill   # gateways killed every 20 s
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -31,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._gateway_pool import GatewayPool  # noqa: E402
 from benchmarks.gateway_latency import pct, start_gateway, wait_ready  # noqa: E402
 from benchmarks.report import targets_and_met  # noqa: E402
 
@@ -53,8 +62,23 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=None, help="tokens per sequence (default 128)")
     ap.add_argument("--rank", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2, help="torch threads of both paths")
+    ap.add_argument("--gateways", type=int, default=1, help="gateway processes, round-robin")
+    ap.add_argument("--kill", action="store_true", help="SIGKILL and restart gateways")
+    ap.add_argument(
+        "--kill-every", type=float, default=None, help="seconds between kills (20; smoke 3)"
+    )
+    ap.add_argument(
+        "--min-kills",
+        type=int,
+        default=None,
+        help="with --kill: step on until this many (4; smoke 2)",
+    )
     args = ap.parse_args()
-    steps = args.steps or (3 if args.smoke else 10)
+    if args.kill and args.gateways < 2:
+        ap.error("--kill needs --gateways 2 or more: one instance must stay up while one restarts")
+    kill_every = args.kill_every or (3.0 if args.smoke else 20.0)
+    min_kills = args.min_kills or (2 if args.smoke else 4)
+    steps = args.steps or ((24 if args.kill else 3) if args.smoke else 10)
     count = args.sequences or (2 if args.smoke else 8)
     length = args.tokens or (32 if args.smoke else 128)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -99,7 +123,7 @@ def main() -> int:
     )
     ensure_topics(settings)
     cluster, session = connect(settings)
-    workers = gateway = trainer = None
+    workers = gateway = trainer = pool = None
     try:
         migrate(session, settings.keyspace, settings.keyspace_replication)
         access = AccessRepository(session, settings.keyspace)
@@ -107,8 +131,12 @@ def main() -> int:
         key, _ = access.create_key("bench", name="bench")
         workers = Workers(settings, model, work / "logs", Sizes(trainer_threads=args.threads))
         workers.start_worker("trainer")
-        gateway, url = start_gateway(settings, work / "logs" / "gateway.log", model)
-        wait_ready(url, gateway, work / "logs" / "gateway.log")
+        if args.gateways > 1:
+            pool = GatewayPool(settings, work / "logs", model, args.gateways)
+            url = pool.url
+        else:
+            gateway, url = start_gateway(settings, work / "logs" / "gateway.log", model)
+            wait_ready(url, gateway, work / "logs" / "gateway.log")
 
         tokenizer = AutoTokenizer.from_pretrained(model)
         seqs = sequences(tokenizer, count, length)
@@ -142,14 +170,25 @@ def main() -> int:
 
         call_ms: dict[str, list[float]] = {"forward_backward": [], "optim_step": []}
 
+        faults = {"lost": 0, "futures_404": 0}
+
         def sdk_step() -> tuple[float, float]:
             t0 = time.perf_counter()
-            fb = tc.forward_backward(batch, "cross_entropy")
-            opt = tc.optim_step(adam)
-            out = fb.result(timeout=900)
-            call_ms["forward_backward"].append((time.perf_counter() - t0) * 1000)
-            opt.result(timeout=900)
-            call_ms["optim_step"].append((time.perf_counter() - t0) * 1000)
+            try:
+                fb = tc.forward_backward(batch, "cross_entropy")
+                opt = tc.optim_step(adam)
+                out = fb.result(timeout=900)
+                call_ms["forward_backward"].append((time.perf_counter() - t0) * 1000)
+                opt.result(timeout=900)
+                call_ms["optim_step"].append((time.perf_counter() - t0) * 1000)
+            except tinker.NotFoundError as e:
+                faults["futures_404"] += 1
+                print(f"404: {e}", file=sys.stderr)
+                return time.perf_counter() - t0, math.nan
+            except Exception as e:  # never answered (the SDK gave up on it)
+                faults["lost"] += 1
+                print(f"lost: {type(e).__name__}: {e}", file=sys.stderr)
+                return time.perf_counter() - t0, math.nan
             return time.perf_counter() - t0, out.metrics["loss:sum"]
 
         def inproc_step() -> tuple[float, float]:
@@ -159,12 +198,17 @@ def main() -> int:
             return time.perf_counter() - t0, loss
 
         sdk_step(), inproc_step()  # warm both (the worker loads its base on the first call)
+        if args.kill:
+            pool.kill_every(kill_every)
         for name in call_ms:
             call_ms[name].clear()
         sdk_s, inproc_s, sdk_loss, inproc_loss = [], [], [], []
         started = time.perf_counter()
         sdk_total = 0.0
-        for i in range(steps):
+        i = 0
+        # With --kill: at least ``steps`` steps, and on until ``min_kills`` kills happened.
+        while i < steps or (args.kill and pool.kills < min_kills and i < 50 * steps):
+            i += 1
             s, loss = sdk_step()
             sdk_s.append(s)
             sdk_total += s
@@ -173,17 +217,29 @@ def main() -> int:
             inproc_s.append(s)
             inproc_loss.append(loss)
             print(
-                f"step {i + 1}/{steps}: sdk {sdk_s[-1]:.2f} s (loss {sdk_loss[-1]:.3f}), "
+                f"step {i}/{steps}: sdk {sdk_s[-1]:.2f} s (loss {sdk_loss[-1]:.3f}), "
                 f"in-process {inproc_s[-1]:.2f} s (loss {inproc_loss[-1]:.3f})",
                 file=sys.stderr,
             )
         ratio = statistics.median(sdk_s) / statistics.median(inproc_s)
+        # Same seed, same batches: a step applied twice (or lost) changes every loss after it.
+        differ = sum(
+            not math.isclose(a, b, rel_tol=1e-3) for a, b in zip(sdk_loss, inproc_loss, strict=True)
+        )
+        if args.kill:
+            figures = {
+                "lost": (faults["lost"], "<=", 0),
+                "applied_twice": (differ, "<=", 0),
+                "futures_404": (faults["futures_404"], "<=", 0),
+            }
+        else:
+            figures = {"overhead_ratio": (ratio, "<=", TARGET_OVERHEAD)}
         out = {
             "benchmark": "tinker_api",
             "smoke": args.smoke,
             "model": model_name,
             "batch": {"sequences": count, "tokens": length, "rank": args.rank},
-            "steps": steps,
+            "steps": len(sdk_s),
             "threads": args.threads,
             "overhead_ratio": round(ratio, 3),
             "step_s": {
@@ -201,8 +257,15 @@ def main() -> int:
                 "inprocess_first": round(inproc_loss[0], 4),
                 "inprocess_last": round(inproc_loss[-1], 4),
             },
+            "gateways": args.gateways,
+            "kills": pool.kills if pool is not None else 0,
+            "kill_every_s": kill_every if args.kill else None,
+            "lost": faults["lost"],
+            "futures_404": faults["futures_404"],
+            "applied_twice": differ,
+            "requests_per_gateway": list(pool.balancer.counts.values()) if pool else None,
             "wall_s": round(time.perf_counter() - started, 1),
-            **targets_and_met(overhead_ratio=(ratio, "<=", TARGET_OVERHEAD)),
+            **targets_and_met(**figures),
         }
         service.close("success").result(timeout=60)
         print(json.dumps(out))
@@ -210,6 +273,8 @@ def main() -> int:
     finally:
         if trainer is not None:
             trainer.close()
+        if pool is not None:
+            pool.close()
         if gateway is not None and gateway.poll() is None:
             os.killpg(gateway.pid, signal.SIGTERM)
             gateway.wait(timeout=30)

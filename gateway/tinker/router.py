@@ -25,7 +25,7 @@ from gateway.auth import Caller
 from gateway.errors import ApiError, BadRequest, Unavailable
 from gateway.tinker import bodies as b
 from gateway.tinker.futures import Done, Failed
-from gateway.tinker.service import TinkerApi
+from gateway.tinker.service import CallKey, TinkerApi
 from gateway.tinker.wire import WireError, decode_forward_backward
 from schemas.events.steps import MAX_STEP_DATUMS, MAX_STEP_TOKENS
 
@@ -160,7 +160,7 @@ def build_router(api: TinkerApi) -> APIRouter:
     async def create_model(request: Request) -> JSONResponse:
         who = await caller(request, admit=True)
         req = _validated(b.CreateModelRequest, await body(request))
-        return JSONResponse(await api.create_model(who.tenant, req))
+        return JSONResponse(await api.create_model(who.tenant, req, _call(request, None)))
 
     @router.post("/get_info")
     async def get_info(request: Request) -> JSONResponse:
@@ -184,31 +184,31 @@ def build_router(api: TinkerApi) -> APIRouter:
             req = await asyncio.to_thread(decode_forward_backward, raw)
         except WireError as e:
             raise BadRequest(f"forward_backward: {e}", param="data") from e
-        return JSONResponse(await api.forward_backward(who.tenant, req))
+        return JSONResponse(await api.forward_backward(who.tenant, req, _call(request, req.seq_id)))
 
     @router.post("/optim_step")
     async def optim_step(request: Request) -> JSONResponse:
         who = await caller(request, admit=True)
         req = _validated(b.OptimStepRequest, await body(request))
-        return JSONResponse(await api.optim_step(who.tenant, req))
+        return JSONResponse(await api.optim_step(who.tenant, req, _call(request, req.seq_id)))
 
     @router.post("/save_weights_for_sampler")
     async def save_for_sampler(request: Request) -> JSONResponse:
         who = await caller(request, admit=True)
         req = _validated(b.SaveWeightsForSamplerRequest, await body(request))
-        return JSONResponse(await api.save_for_sampler(who.tenant, req))
+        return JSONResponse(await api.save_for_sampler(who.tenant, req, _call(request, req.seq_id)))
 
     @router.post("/save_weights")
     async def save_weights(request: Request) -> JSONResponse:
         who = await caller(request, admit=True)
         req = _validated(b.SaveWeightsRequest, await body(request))
-        return JSONResponse(await api.save_state(who.tenant, req))
+        return JSONResponse(await api.save_state(who.tenant, req, _call(request, req.seq_id)))
 
     @router.post("/load_weights")
     async def load_weights(request: Request) -> JSONResponse:
         who = await caller(request, admit=True)
         req = _validated(b.LoadWeightsRequest, await body(request))
-        return JSONResponse(await api.load_state(who.tenant, req))
+        return JSONResponse(await api.load_state(who.tenant, req, _call(request, req.seq_id)))
 
     @router.post("/create_sampling_session")
     async def create_sampling_session(request: Request) -> JSONResponse:
@@ -255,3 +255,8 @@ def build_router(api: TinkerApi) -> APIRouter:
         )
 
     return router
+
+
+def _call(request: Request, seq_id: int | None) -> CallKey | None:
+    """The call's identity across the SDK's re-sends (its idempotency key header)."""
+    return CallKey.of(request.headers.get("x-idempotency-key"), seq_id)
