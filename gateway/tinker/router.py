@@ -23,9 +23,11 @@ from pydantic import BaseModel, ValidationError
 from gateway.api import parse_json
 from gateway.auth import Caller
 from gateway.errors import ApiError, BadRequest, Unavailable
+from gateway.requests import read_body
 from gateway.tinker import bodies as b
+from gateway.tinker.calls import CallKey
 from gateway.tinker.futures import Done, Failed
-from gateway.tinker.service import CallKey, TinkerApi
+from gateway.tinker.service import TinkerApi
 from gateway.tinker.wire import WireError, decode_forward_backward
 from schemas.events.steps import MAX_STEP_DATUMS, MAX_STEP_TOKENS
 
@@ -92,13 +94,9 @@ def build_router(api: TinkerApi) -> APIRouter:
         return who
 
     async def body(request: Request) -> bytes:
-        from gateway.app import read_body  # the app module imports this one
-
         return await read_body(request, MAX_BODY_BYTES)
 
     async def proto_body(request: Request) -> bytes:
-        from gateway.app import read_body  # the app module imports this one
-
         try:
             return await read_body(request, MAX_FWDBWD_BODY_BYTES)
         except BadRequest as e:

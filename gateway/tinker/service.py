@@ -5,8 +5,9 @@ on the engines the OpenAI surface uses (gateway.service.Gateway.run) with token 
 Tenancy by construction: a ``model_id`` (``<session>:train:<n>``) names the policy
 ``<session>-<n>`` *of the caller's tenant*, and a sampler path or id names a policy the same way,
 so another tenant's id can only point at a policy the caller does not have: the same 404 as a
-missing one. Sessions and sampling sessions are stateless ids; what this instance remembers (the
-models it created, saved states, futures) is a cache of what the trainer and catalog hold.
+missing one. Sessions and sampling sessions are stateless ids; models, futures, re-sent calls and
+saved states are shared by every instance (gateway.tinker.shared and .answers), so any instance
+answers any call, and what one remembers in memory is a cache of those rows.
 """
 
 from __future__ import annotations
@@ -15,21 +16,17 @@ import asyncio
 import contextlib
 import re
 import secrets
-import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import structlog
 
-from catalog.exceptions import CatalogUnavailable
 from catalog.refs import Ref
-from gateway.errors import ApiError, ModelNotFound, Unavailable
+from gateway.errors import ApiError, ModelNotFound
 from gateway.service import Gateway
 from gateway.tinker import sampling, steps
+from gateway.tinker.answers import Answers
 from gateway.tinker.bodies import (
-    MODEL_ID,
     CreateModelRequest,
     LoadWeightsRequest,
     OptimStepRequest,
@@ -37,15 +34,9 @@ from gateway.tinker.bodies import (
     SaveWeightsForSamplerRequest,
     SaveWeightsRequest,
 )
+from gateway.tinker.calls import CallKey, Model, name_suffix, policy_of, remember
 from gateway.tinker.futures import Done, Entry, Failed, FuturesTable, Outcome
-from gateway.tinker.shared import (
-    MemoryCalls,
-    ModelRecord,
-    SharedCalls,
-    entry_of,
-    outcome_of,
-    record_of,
-)
+from gateway.tinker.shared import MemoryCalls, ModelRecord, SharedCalls
 from gateway.tinker.trainer import Trainer
 from gateway.tinker.wire import FwdBwdRequest
 from schemas.envelope import make_event
@@ -57,60 +48,7 @@ log = structlog.get_logger()
 SAMPLER_PATH = re.compile(
     r"^tinker://(?P<policy>[a-z0-9][a-z0-9._-]{0,126})/sampler_weights/[^/@]*@(?P<rev>\d{1,9})$"
 )
-MAX_REMEMBERED = 100_000  # models and saved states this instance keeps in memory
-SHARED_POLL_S = 0.2  # how often a future another instance took is read while it is pending
-V = TypeVar("V")
 SAMPLER_ID = re.compile(r"^(?P<policy>[a-z0-9][a-z0-9._-]{0,126})@(?P<rev>\d{1,9})$")
-
-
-@dataclass(frozen=True)
-class Model:
-    """A training model of a tenant: its policy and what create_model said about it."""
-
-    model_id: str
-    policy: str
-    base_model: str
-    rank: int | None = None
-    train_attn: bool = True
-    train_mlp: bool = True
-
-
-def remember(table: dict[Any, V], key: Any, value: V) -> V:
-    """``table[key] = value``, the oldest entry dropped past MAX_REMEMBERED (a cache: what is
-    dropped is found again in the catalog, or answered by the trainer)."""
-    table.pop(key, None)
-    table[key] = value
-    while len(table) > MAX_REMEMBERED:
-        del table[next(iter(table))]
-    return value
-
-
-CALLS = uuid.UUID("6d696e74-7469-6e6b-6572-63616c6c7300")  # the namespace of call event ids
-
-
-@dataclass(frozen=True)
-class CallKey:
-    """What makes a Tinker call the same call when the SDK sends it again: its idempotency key
-    (``X-Idempotency-Key``, one per call and kept across the SDK's retries) with its ``seq_id``.
-    The ``seq_id`` alone is not enough: it restarts at 1 in each training client of a model."""
-
-    idempotency_key: str
-    seq_id: int | None = None
-
-    @classmethod
-    def of(cls, idempotency_key: str | None, seq_id: int | None) -> CallKey | None:
-        return cls(idempotency_key[:200], seq_id) if idempotency_key else None
-
-    def event_id(self, tenant: str, model_id: str, op: str) -> uuid.UUID:
-        """The command's event id: the same for every copy of the call, so the trainer (which
-        answers an event id it has seen from memory) never applies it twice."""
-        parts = (tenant, model_id, op, str(self.seq_id), self.idempotency_key)
-        return uuid.uuid5(CALLS, "\x1f".join(parts))
-
-
-def policy_of(model_id: str) -> str | None:
-    found = MODEL_ID.match(model_id)
-    return f"{found['session']}-{int(found['seq'])}" if found else None
 
 
 class TinkerApi:
@@ -129,12 +67,10 @@ class TinkerApi:
         self.max_context = max_context
         self.shared: SharedCalls = shared if shared is not None else MemoryCalls()
         self.futures = futures if futures is not None else FuturesTable()
-        self.futures.finish = self._finish
-        self.futures.record = self._record
-        self.futures.lookup = self._lookup
+        self.answers = Answers(self.futures, self.shared, self._finish, gw.config.retry_after_s)
+        self._io = self.answers.io
         self._models: dict[tuple[str, str], Model] = {}
         self._states: dict[tuple[str, str], str] = {}  # (tenant, tinker path) → store uri
-        self._calls: dict[uuid.UUID, str] = {}  # a call's event id → its future's request id
         self._tasks: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------------ lifecycle
@@ -224,7 +160,7 @@ class TinkerApi:
         """
         event_id = call.event_id(tenant, model.model_id, cmd.op) if call else None
         if event_id is not None:
-            first = await self._first_of(tenant, event_id)
+            first = await self.answers.first_of(tenant, event_id)
             if first is not None:
                 log.info("tinker call re-sent", op=cmd.op, request_id=first)
                 return {"request_id": first, "model_id": model.model_id}
@@ -238,19 +174,13 @@ class TinkerApi:
             )
         except EventValidationError as e:  # the envelope's rules (e.g. a store uri's namespace)
             raise steps.bad(f"{cmd.op}: {e}") from e
-        entry = self.futures.add(cmd.request_id, tenant, cmd.op, model_id=model.model_id, **context)
-        # Shared before it is published: any instance may hear the answer, or be asked.
-        await self._io(self.shared.add_future, tenant, record_of(entry))
-        if event_id is not None:
-            await self._io(self.shared.add_call, tenant, event_id, cmd.request_id)
-            remember(self._calls, event_id, cmd.request_id)
+        entry = await self.answers.open(
+            cmd.request_id, tenant, cmd.op, event_id, model_id=model.model_id, **context
+        )
         try:
             await self.trainer.publish(env)
-        except ApiError as e:
-            failed = Failed(e.message, "server", queued=False)
-            self.futures.settle(cmd.request_id, failed)
-            with contextlib.suppress(ApiError):  # a re-sent copy finds it failed, or pending
-                await self._io(self.shared.settle, tenant, record_of(entry, failed))
+        except ApiError as e:  # a re-sent copy finds it failed so, and is sent again
+            await self.answers.settle(entry, Failed(e.message, "server", queued=False))
             raise
         log.info("tinker call queued", op=cmd.op, policy=model.policy, request_id=cmd.request_id)
         return {"request_id": cmd.request_id, "model_id": model.model_id}
@@ -320,7 +250,7 @@ class TinkerApi:
         self, tenant: str, req: SaveWeightsForSamplerRequest, call: CallKey | None = None
     ) -> dict[str, Any]:
         model = await self.model(tenant, req.model_id)
-        name = req.path or f"sampler-{req.sampling_session_seq_id or 0}-{_suffix(call, 3)}"
+        name = req.path or f"sampler-{req.sampling_session_seq_id or 0}-{name_suffix(call, 3)}"
         cmd = steps.step(self._request_id(), "save_for_sampler", model.base_model, name=name)
         return await self._submit(
             tenant, model, cmd, call, policy=model.policy, name=name, session_only=req.path is None
@@ -330,7 +260,7 @@ class TinkerApi:
         self, tenant: str, req: SaveWeightsRequest, call: CallKey | None = None
     ) -> dict[str, Any]:
         model = await self.model(tenant, req.model_id)
-        name = req.path or f"state-{_suffix(call, 4)}"
+        name = req.path or f"state-{name_suffix(call, 4)}"
         cmd = steps.step(self._request_id(), "save_state", model.base_model, name=name)
         return await self._submit(tenant, model, cmd, call, policy=model.policy, name=name)
 
@@ -372,48 +302,6 @@ class TinkerApi:
             except Exception as e:
                 log.warning("tinker state not shared", path=outcome.json["path"], error=str(e))
         return outcome
-
-    # ------------------------------------------------------------------ shared with the others
-
-    async def _io(self, fn: Callable[..., V], *args: Any) -> V:
-        """A blocking read or write of the shared rows, off the event loop; an outage of the
-        catalog is the caller's 503 (the SDK retries it)."""
-        try:
-            return await asyncio.to_thread(fn, *args)
-        except CatalogUnavailable as e:
-            raise Unavailable(
-                "the gateway's shared state (Cassandra) did not answer; retry shortly",
-                headers={"Retry-After": str(self.gw.config.retry_after_s)},
-            ) from e
-
-    async def _first_of(self, tenant: str, event_id: uuid.UUID) -> str | None:
-        """The request id of an earlier copy of this call, if its future stands (pending or
-        answered; not one that never reached the broker)."""
-        first = self._calls.get(event_id) or await self._io(self.shared.call, tenant, event_id)
-        if first is None:
-            return None
-        entry = self.futures.get(first, tenant)
-        if entry is not None:
-            return None if _unqueued(entry.outcome) else first
-        row = await self._io(self.shared.future, tenant, first)
-        return None if row is None or _unqueued(outcome_of(row)) else first
-
-    def _record(self, entry: Entry, outcome: Outcome) -> None:
-        """An outcome for every instance (on the follower's thread; the next instance to hear
-        the answer records it again if this write fails)."""
-        try:
-            self.shared.settle(entry.tenant, record_of(entry, outcome))
-        except Exception as e:
-            log.warning("tinker outcome not shared", request_id=entry.request_id, error=str(e))
-
-    def _lookup(self, tenant: str, request_id: str) -> Entry | None:
-        """A future of another instance (or of this one before a restart)."""
-        try:
-            row = self.shared.future(tenant, request_id)
-        except Exception as e:
-            log.warning("tinker future not read", request_id=request_id, error=str(e))
-            return None
-        return None if row is None else entry_of(tenant, row)
 
     # ------------------------------------------------------------------ sampling
 
@@ -459,17 +347,16 @@ class TinkerApi:
         await self._check_policy(tenant, policy, str(sid))
         request_id = self._request_id()
         payloads = sampling.infer_requests(req, revision, request_id, self.gw.config)
-        entry = self.futures.add(request_id, tenant, "sample")
-        await self._io(self.shared.add_future, tenant, record_of(entry))
+        entry = await self.answers.open(request_id, tenant, "sample")
         task = asyncio.create_task(
-            self._run_sample(request_id, Ref(tenant, policy, revision=revision), payloads)
+            self._run_sample(entry, Ref(tenant, policy, revision=revision), payloads)
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         ids = [f"{request_id}.{i}" for i in range(req.num_samples)]
         return {"request_id": request_id, "sample_sequence_ids": ids}
 
-    async def _run_sample(self, request_id: str, ref: Ref, payloads: list[InferRequested]) -> None:
+    async def _run_sample(self, entry: Entry, ref: Ref, payloads: list[InferRequested]) -> None:
         try:
             shown = f"{ref.policy}@{payloads[0].revision}"
             done = await self.gw.run(ref, shown, payloads, uuid.uuid4())
@@ -477,53 +364,11 @@ class TinkerApi:
         except ApiError as e:
             outcome = Failed(e.message, "user" if e.status < 500 else "server")
         except Exception as e:  # a bug of ours: the caller still hears of it
-            log.exception("sampling failed", request_id=request_id)
+            log.exception("sampling failed", request_id=entry.request_id)
             outcome = Failed(f"sampling failed: {type(e).__name__}", "server")
-        self.futures.settle(request_id, outcome)
-        entry = self.futures.get(request_id, ref.tenant)
-        if entry is not None:
-            await asyncio.to_thread(self._record, entry, outcome)
+        await self.answers.settle(entry, outcome)
 
     # ------------------------------------------------------------------ futures
 
     async def retrieve(self, tenant: str, request_id: str) -> Outcome | None:
-        """The outcome (None: still pending): waited for here when this instance took the
-        call, else read from the shared rows, which every instance that hears the answer
-        writes (polled for up to the futures' ``poll_s``)."""
-        entry = self.futures.get(request_id, tenant)
-        if entry is not None:
-            return await self.futures.wait(entry)
-        row = await self._io(self.shared.future, tenant, request_id)
-        if row is None:
-            raise FutureNotFound(request_id)
-        deadline = time.monotonic() + self.futures.poll_s
-        while (outcome := outcome_of(row)) is None and time.monotonic() < deadline:
-            await asyncio.sleep(SHARED_POLL_S)
-            row = await self._io(self.shared.future, tenant, request_id) or row
-        age = time.time() - row.created_at.timestamp()
-        if outcome is None and age > self.futures.answer_timeout_s:
-            outcome = self.futures.timed_out(row.kind)
-            await self._io(self.shared.settle, tenant, record_of(entry_of(tenant, row), outcome))
-        return outcome
-
-
-def _unqueued(outcome: Outcome | None) -> bool:
-    return isinstance(outcome, Failed) and not outcome.queued
-
-
-def _suffix(call: CallKey | None, nbytes: int) -> str:
-    """A default checkpoint name's random part: the same for each copy of one call."""
-    if call is None:
-        return secrets.token_hex(nbytes)
-    return uuid.uuid5(CALLS, call.idempotency_key).hex[: 2 * nbytes]
-
-
-class FutureNotFound(ApiError):
-    status, type, code = 404, "invalid_request_error", "future_not_found"
-
-    def __init__(self, request_id: str) -> None:
-        super().__init__(
-            f"future {request_id[:200]!r} does not exist, expired, or is not yours (futures "
-            "live on the gateway instance that took the call, for an hour after their answer)",
-            param="request_id",
-        )
+        return await self.answers.retrieve(tenant, request_id)
