@@ -17,7 +17,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import structlog
 from fastapi import FastAPI, Request
@@ -34,14 +34,16 @@ from gateway import asks, responses, streaming
 from gateway.api import ignored_fields, parse_json, validate
 from gateway.bodies import ChatRequest, CompletionRequest
 from gateway.deltas import Answers
-from gateway.errors import ApiError, BadRequest, Unavailable
+from gateway.errors import ApiError, Unavailable
 from gateway.feedback import build_router as feedback_router
 from gateway.ids import sticky_caller
 from gateway.lifecycle import build_router as lifecycle_router
 from gateway.metrics import GatewayMetrics
 from gateway.refs import parse_model
+from gateway.requests import client_of, read_body
 from gateway.service import Gateway
 from gateway.tinker.router import build_router
+from gateway.tinker.service import TinkerApi
 from gateway.tokenize_routes import build_router as tokenize_router
 from gateway.tools import check_tool_choice
 from schemas.envelope import Envelope
@@ -68,31 +70,6 @@ def route_label(path: str) -> str:
     if path in ROUTES:
         return path
     return next((label for prefix, label in ROUTE_PREFIXES if path.startswith(prefix)), "other")
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refused past ``limit`` bytes without reading more than that."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise BadRequest(
-            f"the request body is {declared} bytes; this gateway takes at most {limit}",
-            code="request_too_large",
-        )
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BadRequest(
-                f"the request body is over {limit} bytes, this gateway's limit",
-                code="request_too_large",
-            )
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def client_of(request: Request) -> str | None:
-    """The caller's address (behind a proxy: what uvicorn's ``proxy_headers`` made of it)."""
-    return request.client.host if request.client else None
 
 
 class Measure:
@@ -147,7 +124,8 @@ def create_app(gw: Gateway) -> FastAPI:
 
     app.add_middleware(Measure, metrics=metrics)
     if gw.tinker is not None:  # the Tinker SDK's /api/v1 (gateway/tinker)
-        app.include_router(build_router(gw.tinker))
+        # typed in gateway.service by what the gateway needs of it (start, close) only
+        app.include_router(build_router(cast(TinkerApi, gw.tinker)))
     app.include_router(lifecycle_router(gw))  # /mint/v1: a tenant's own policies
     app.include_router(feedback_router(gw))  # /v1/feedback: scores of answers (canaries)
     app.include_router(tokenize_router(gw))  # /tokenize, /detokenize as vllm serve

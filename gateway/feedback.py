@@ -24,6 +24,7 @@ from gateway.errors import BadRequest, ModelNotFound, Unavailable
 from gateway.ids import request_id_of
 from gateway.lifecycle import commands_of
 from gateway.refs import FORMS, MAX_MODEL_CHARS, parse_model
+from gateway.requests import client_of, read_body
 from schemas.envelope import make_event
 from schemas.events import FeedbackSubmitted
 
@@ -66,10 +67,7 @@ def build_router(gw: Gateway) -> APIRouter:
 
     @router.post(PATH)
     async def feedback(request: Request) -> JSONResponse:
-        from gateway.app import read_body  # the app module imports this one
-
-        client = request.client.host if request.client else None
-        caller = await gw.authenticate(request.headers.get("authorization"), client)
+        caller = await gw.authenticate(request.headers.get("authorization"), client_of(request))
         await gw.admit(caller.tenant)
         req = validate_body(FeedbackBody, parse_json(await read_body(request, MAX_BODY_BYTES)))
         ref = policy_ref(req.model, caller.tenant)

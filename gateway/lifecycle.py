@@ -52,6 +52,7 @@ from gateway.lifecycle_bodies import (
     TagBody,
     answer_body,
 )
+from gateway.requests import read_body
 from schemas.envelope import make_event
 from schemas.events import (
     CanaryCommand,
@@ -186,8 +187,6 @@ def build_router(gw: Gateway) -> APIRouter:
             raise PolicyNotFound(policy) from None
 
     async def body(request: Request, model: type[M]) -> M:
-        from gateway.app import read_body  # the app module imports this one
-
         return _validated(model, await read_body(request, MAX_BODY_BYTES))
 
     async def move(tenant: str, policy: str, payload: Any) -> JSONResponse:

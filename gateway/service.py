@@ -12,7 +12,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from catalog.models import ApiKey, TenantAccess
 from catalog.refs import Ref
@@ -31,9 +31,6 @@ from gateway.tools import ToolOptions
 from schemas.envelope import Envelope, make_event
 from schemas.events import InferCompleted, InferFailed, InferRequested
 from schemas.exceptions import EventValidationError
-
-if TYPE_CHECKING:
-    from gateway.tinker.service import TinkerApi
 
 V = TypeVar("V")
 NEGATIVE_TTL_S = 2.0  # a policy or digest created just now is found within this
@@ -66,6 +63,14 @@ class Engines(Protocol):
         self, envs: list[Envelope[InferRequested]], timeout_s: float
     ) -> list[Envelope[Any]]: ...
     async def open(self, envs: list[Envelope[InferRequested]], timeout_s: float) -> Answers: ...
+
+
+class Attached(Protocol):
+    """A surface started and closed with the gateway (gateway.tinker.service.TinkerApi): all
+    the gateway needs of it, so this module never imports the Tinker API, which imports it."""
+
+    def start(self) -> None: ...
+    def close(self) -> None: ...
 
 
 class Gateway:
@@ -121,7 +126,8 @@ class Gateway:
             else None
         )
         self._on_close = on_close
-        self.tinker: TinkerApi | None = None  # the Tinker API (gateway.tinker), when served
+        # the Tinker API (gateway.tinker.service.TinkerApi), when served: gateway.app routes it
+        self.tinker: Attached | None = None
         # vllm serve's --enable-auto-tool-choice / --tool-call-parser (gateway.tools)
         self.tools = ToolOptions(config.tool_call_parser, config.enable_auto_tool_choice)
         # the base models' tokenizers (gateway.tokenize), when this gateway has their folders

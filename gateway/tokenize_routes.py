@@ -13,6 +13,7 @@ from gateway import asks
 from gateway.api import parse_json, validate_body
 from gateway.errors import BadRequest
 from gateway.refs import parse_model
+from gateway.requests import client_of, read_body
 from gateway.service import Gateway
 from gateway.tokenize import (
     BaseTokenizer,
@@ -31,8 +32,6 @@ TRUST = (
 
 
 def build_router(gw: Gateway) -> APIRouter:
-    from gateway.app import client_of, read_body  # the app module imports this one
-
     router = APIRouter()
 
     async def read(request: Request, detokenize: bool) -> tuple[Any, BaseTokenizer]:
