@@ -1,12 +1,15 @@
 """Several `mint gateway` processes behind one round-robin balancer (benchmarks/_round_robin.py),
-and a killer that SIGKILLs one of them every ``every_s`` and starts it again on its port: what a
-Deployment of gateway replicas behind a Service lives through when pods die."""
+and :class:`Faults`: a thread that does harm every ``every_s`` (SIGKILL a gateway and start it
+again on its port, SIGKILL the trainer worker and start it again, kill Kafka for a few seconds):
+what a Deployment of gateway replicas behind a Service lives through when pods die."""
 
 from __future__ import annotations
 
 import os
 import signal
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks._round_robin import RoundRobin
@@ -26,8 +29,6 @@ class GatewayPool:
             wait_ready(url, self.procs[i], self._log(i))
         self.balancer = RoundRobin(self.urls).start()
         self.kills = 0
-        self._stop = threading.Event()
-        self._killer: threading.Thread | None = None
 
     @property
     def url(self) -> str:
@@ -48,24 +49,54 @@ class GatewayPool:
         self.procs[i] = proc
         wait_ready(self.urls[i], proc, self._log(i))
 
-    def kill_every(self, every_s: float) -> None:
-        """From now on, one instance after the other is killed every ``every_s`` seconds."""
-
-        def run() -> None:
-            i = 0
-            while not self._stop.wait(every_s):
-                self.kill_and_restart(i % len(self.procs))
-                i += 1
-
-        self._killer = threading.Thread(target=run, name="gateway-killer", daemon=True)
-        self._killer.start()
+    def kill_next(self) -> None:
+        """Kill the instances one after the other, one a call."""
+        self.kill_and_restart(self.kills % len(self.procs))
 
     def close(self) -> None:
-        self._stop.set()
-        if self._killer is not None:
-            self._killer.join(timeout=120)
         self.balancer.stop()
         for proc in self.procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait(timeout=30)
+
+
+class Faults:
+    """Calls ``harm()`` every ``every_s`` seconds on a thread of its own, until closed."""
+
+    def __init__(self, harm: Callable[[], None], every_s: float) -> None:
+        self.harm, self.every_s, self.count = harm, every_s, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="faults", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.harm()
+            self.count += 1
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=120)
+
+
+def kill_trainer(workers) -> Callable[[], None]:
+    """SIGKILL the trainer worker and start it again (it resumes from its checkpoints)."""
+
+    def harm() -> None:
+        workers.stop("trainer", sig=signal.SIGKILL)
+        workers.start_worker("trainer")
+
+    return harm
+
+
+def kill_kafka(settings, down_s: float = 3.0) -> Callable[[], None]:
+    """SIGKILL the broker, leave it down ``down_s``, start it again (mint dev's launcher)."""
+    from mint.dev import launcher
+
+    def harm() -> None:
+        launcher.kill(settings, "kafka")
+        time.sleep(down_s)
+        launcher.up(settings, only=("kafka",))
+
+    return harm

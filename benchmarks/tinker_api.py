@@ -19,6 +19,8 @@ a call applied twice, or lost, shows there). Targets: all three 0.
     python benchmarks/tinker_api.py            # SmolLM2-135M-Instruct, 8 × 128 tokens, 10 steps
     python benchmarks/tinker_api.py --smoke    # tiny Llama, 2 × 32 tokens, 3 steps (CI)
     python benchmarks/tinker_api.py --gateways 2 --kill   # gateways killed every 20 s
+    python benchmarks/tinker_api.py --gateways 2 --kill trainer   # the trainer worker
+    python benchmarks/tinker_api.py --gateways 2 --kill kafka     # the broker, down 3 s
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._gateway_pool import GatewayPool  # noqa: E402
+from benchmarks._gateway_pool import Faults, GatewayPool, kill_kafka, kill_trainer  # noqa: E402
 from benchmarks.gateway_latency import pct, start_gateway, wait_ready  # noqa: E402
 from benchmarks.report import targets_and_met  # noqa: E402
 
@@ -63,7 +65,14 @@ def main() -> int:
     ap.add_argument("--rank", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2, help="torch threads of both paths")
     ap.add_argument("--gateways", type=int, default=1, help="gateway processes, round-robin")
-    ap.add_argument("--kill", action="store_true", help="SIGKILL and restart gateways")
+    ap.add_argument(
+        "--kill",
+        nargs="?",
+        const="gateway",
+        choices=["gateway", "trainer", "kafka"],
+        help="every --kill-every s: SIGKILL a gateway (the default) or the trainer worker and "
+        "start it again, or kill Kafka for 3 s (mint dev's broker: do not run beside tests)",
+    )
     ap.add_argument(
         "--kill-every", type=float, default=None, help="seconds between kills (20; smoke 3)"
     )
@@ -74,7 +83,7 @@ def main() -> int:
         help="with --kill: step on until this many (4; smoke 2)",
     )
     args = ap.parse_args()
-    if args.kill and args.gateways < 2:
+    if args.kill == "gateway" and args.gateways < 2:
         ap.error("--kill needs --gateways 2 or more: one instance must stay up while one restarts")
     kill_every = args.kill_every or (3.0 if args.smoke else 20.0)
     min_kills = args.min_kills or (2 if args.smoke else 4)
@@ -123,7 +132,7 @@ def main() -> int:
     )
     ensure_topics(settings)
     cluster, session = connect(settings)
-    workers = gateway = trainer = pool = None
+    workers = gateway = trainer = pool = faults_thread = None
     try:
         migrate(session, settings.keyspace, settings.keyspace_replication)
         access = AccessRepository(session, settings.keyspace)
@@ -199,7 +208,12 @@ def main() -> int:
 
         sdk_step(), inproc_step()  # warm both (the worker loads its base on the first call)
         if args.kill:
-            pool.kill_every(kill_every)
+            harm = {
+                "gateway": lambda: pool.kill_next,
+                "trainer": lambda: kill_trainer(workers),
+                "kafka": lambda: kill_kafka(settings),
+            }[args.kill]()
+            faults_thread = Faults(harm, kill_every)
         for name in call_ms:
             call_ms[name].clear()
         sdk_s, inproc_s, sdk_loss, inproc_loss = [], [], [], []
@@ -207,7 +221,7 @@ def main() -> int:
         sdk_total = 0.0
         i = 0
         # With --kill: at least ``steps`` steps, and on until ``min_kills`` kills happened.
-        while i < steps or (args.kill and pool.kills < min_kills and i < 50 * steps):
+        while i < steps or (args.kill and faults_thread.count < min_kills and i < 50 * steps):
             i += 1
             s, loss = sdk_step()
             sdk_s.append(s)
@@ -258,7 +272,8 @@ def main() -> int:
                 "inprocess_last": round(inproc_loss[-1], 4),
             },
             "gateways": args.gateways,
-            "kills": pool.kills if pool is not None else 0,
+            "killed": args.kill,
+            "kills": faults_thread.count if faults_thread is not None else 0,
             "kill_every_s": kill_every if args.kill else None,
             "lost": faults["lost"],
             "futures_404": faults["futures_404"],
@@ -271,6 +286,8 @@ def main() -> int:
         print(json.dumps(out))
         return 0 if all(out["met"].values()) else 1
     finally:
+        if faults_thread is not None:
+            faults_thread.close()
         if trainer is not None:
             trainer.close()
         if pool is not None:

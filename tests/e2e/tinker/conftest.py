@@ -1,6 +1,7 @@
 """The official Tinker SDK against MinT on real services: one tiny Llama, one trainer worker
-(`mint worker trainer`, a child process), a gateway in this process (gateway.main.ThreadedServer,
-its Tinker API on /api/v1) and, for sampling only, one vLLM engine (`mint worker serving`). One
+(`mint worker trainer`, a child process), two gateway instances in this process behind a
+round-robin balancer (gateway.main.ThreadedServer, the Tinker API on /api/v1) and, for sampling
+only, one vLLM engine (`mint worker serving`). One
 topic prefix and keyspace for the module; each test makes tenants of its own.
 """
 
@@ -92,23 +93,32 @@ def tk_engine(tk_workers, tk_model):
 
 @pytest.fixture(scope="module")
 def tk_gateway(tk_settings, tk_workers) -> Iterator[str]:
-    """A gateway instance in this process; yields its base URL (TINKER_BASE_URL)."""
+    """Two gateway instances in this process behind a round-robin balancer (no affinity, as a
+    Service over replicas): every SDK call may reach either, so each test also checks that the
+    instances share models, futures and saved states. Yields the balancer's URL."""
+    from benchmarks._round_robin import RoundRobin
     from gateway.config import GatewayConfig
     from gateway.main import ThreadedServer, build
 
-    config = GatewayConfig(
-        host="127.0.0.1",
-        port=0,
-        instance_id="gw-tinker",
-        answer_timeout_s=600.0,  # the first sample waits for vLLM to start on shared CPUs
-        key_ttl_s=1.0,
-        catalog_ttl_s=1.0,
-    )
-    server = ThreadedServer(build(tk_settings, config)).start()
+    servers = []
     try:
-        yield server.url
+        for name in ("gw-tinker-a", "gw-tinker-b"):
+            config = GatewayConfig(
+                host="127.0.0.1",
+                port=0,
+                instance_id=name,
+                answer_timeout_s=600.0,  # the first sample waits for vLLM to start on shared CPUs
+                key_ttl_s=1.0,
+                catalog_ttl_s=1.0,
+            )
+            servers.append(ThreadedServer(build(tk_settings, config)).start())
+        balancer = RoundRobin([s.url for s in servers]).start()
+        yield balancer.url
+        balancer.stop()
+        assert min(balancer.counts.values()) > 0, balancer.counts  # both took calls
     finally:
-        server.stop()
+        for server in servers:
+            server.stop()
 
 
 @pytest.fixture(scope="module")
