@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -66,13 +67,19 @@ class Faults:
 
     def __init__(self, harm: Callable[[], None], every_s: float) -> None:
         self.harm, self.every_s, self.count = harm, every_s, 0
+        self.error: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="faults", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
-            self.harm()
+            try:
+                self.harm()
+            except Exception as e:  # the benchmark reports it and stops harming
+                self.error = f"{type(e).__name__}: {e}"
+                print(f"fault failed: {self.error}", file=sys.stderr)
+                return
             self.count += 1
 
     def close(self) -> None:
@@ -91,11 +98,13 @@ def kill_trainer(workers) -> Callable[[], None]:
 
 
 def kill_kafka(settings, down_s: float = 3.0) -> Callable[[], None]:
-    """SIGKILL the broker, leave it down ``down_s``, start it again (mint dev's launcher)."""
+    """SIGKILL the broker, leave it down ``down_s``, start it again (mint dev's launcher, with
+    the settings that started it: its state folder holds the pid)."""
     from mint.dev import launcher
 
     def harm() -> None:
-        launcher.kill(settings, "kafka")
+        if launcher.kill(settings, "kafka") is None:
+            raise RuntimeError("no broker of `mint dev up` to kill under these settings")
         time.sleep(down_s)
         launcher.up(settings, only=("kafka",))
 

@@ -211,7 +211,7 @@ def main() -> int:
             harm = {
                 "gateway": lambda: pool.kill_next,
                 "trainer": lambda: kill_trainer(workers),
-                "kafka": lambda: kill_kafka(settings),
+                "kafka": lambda: kill_kafka(base),  # (the dev broker: its state folder)
             }[args.kill]()
             faults_thread = Faults(harm, kill_every)
         for name in call_ms:
@@ -221,7 +221,12 @@ def main() -> int:
         sdk_total = 0.0
         i = 0
         # With --kill: at least ``steps`` steps, and on until ``min_kills`` kills happened.
-        while i < steps or (args.kill and faults_thread.count < min_kills and i < 50 * steps):
+        while i < steps or (
+            args.kill
+            and faults_thread.count < min_kills
+            and faults_thread.error is None
+            and i < 50 * steps
+        ):
             i += 1
             s, loss = sdk_step()
             sdk_s.append(s)
@@ -274,6 +279,7 @@ def main() -> int:
             "gateways": args.gateways,
             "killed": args.kill,
             "kills": faults_thread.count if faults_thread is not None else 0,
+            "fault_error": faults_thread.error if faults_thread is not None else None,
             "kill_every_s": kill_every if args.kill else None,
             "lost": faults["lost"],
             "futures_404": faults["futures_404"],

@@ -39,6 +39,7 @@ class FutureRecord:
     created_at: datetime
     outcome: str | None = None  # JSON
     proto: bytes | None = None
+    lease_until: datetime | None = None  # a sample: its runner's lease
 
 
 _STATEMENTS = {
@@ -51,15 +52,18 @@ _STATEMENTS = {
         "WHERE tenant = ? AND policy = ?"
     ),
     "_ins_future": (
-        "INSERT INTO {ks}.tinker_futures (tenant, request_id, kind, context, created_at) "
-        "VALUES (?, ?, ?, ?, ?)"
+        "INSERT INTO {ks}.tinker_futures (tenant, request_id, kind, context, created_at, "
+        "lease_until) VALUES (?, ?, ?, ?, ?, ?)"
+    ),
+    "_renew": (
+        "UPDATE {ks}.tinker_futures SET lease_until = ? WHERE tenant = ? AND request_id = ?"
     ),
     "_set_outcome": (
         "UPDATE {ks}.tinker_futures SET outcome = ?, proto = ?, kind = ?, context = ?, "
         "created_at = ? WHERE tenant = ? AND request_id = ?"
     ),
     "_get_future": (
-        "SELECT kind, context, created_at, outcome, proto FROM {ks}.tinker_futures "
+        "SELECT kind, context, created_at, outcome, proto, lease_until FROM {ks}.tinker_futures "
         "WHERE tenant = ? AND request_id = ?"
     ),
     "_ins_call": ("INSERT INTO {ks}.tinker_calls (tenant, event_id, request_id) VALUES (?, ?, ?)"),
@@ -69,6 +73,12 @@ _STATEMENTS = {
     ),
     "_get_state": "SELECT uri FROM {ks}.tinker_states WHERE tenant = ? AND path = ?",
 }
+_CONDITIONAL = {
+    "_claim": (
+        "UPDATE {ks}.tinker_futures SET lease_until = ? WHERE tenant = ? AND request_id = ? "
+        "IF lease_until = ?"
+    ),
+}
 
 
 class TinkerCalls:
@@ -77,6 +87,7 @@ class TinkerCalls:
     def __init__(self, session: Session, keyspace: str) -> None:
         self._cql = Statements(session, keyspace)
         self._cql.prepare_table(self, _STATEMENTS, fields={"ks": keyspace})
+        self._cql.prepare_table(self, _CONDITIONAL, fields={"ks": keyspace}, serial=True)
 
     def _one(self, stmt: Any, params: tuple) -> Any:
         return self._cql.run(stmt, params).one()
@@ -103,7 +114,16 @@ class TinkerCalls:
     # futures and calls
 
     def add_future(self, tenant: str, f: FutureRecord) -> None:
-        self._cql.run(self._ins_future, (tenant, f.request_id, f.kind, f.context, f.created_at))
+        row = (f.kind, f.context, f.created_at, f.lease_until)
+        self._cql.run(self._ins_future, (tenant, f.request_id, *row))
+
+    def renew(self, tenant: str, request_id: str, until: datetime) -> None:
+        """The runner of a sample still runs it, until ``until``."""
+        self._cql.run(self._renew, (until, tenant, request_id))
+
+    def claim(self, tenant: str, request_id: str, seen: datetime, until: datetime) -> bool:
+        """Take over a sample whose lease (``seen``, as read) ran out: True for one taker."""
+        return bool(self._cql.run(self._claim, (until, tenant, request_id, seen)).was_applied)
 
     def settle(self, tenant: str, f: FutureRecord) -> None:
         """Record a future's outcome (its other columns again: the TTL restarts for all)."""
@@ -115,9 +135,9 @@ class TinkerCalls:
         if row is None or row.kind is None:
             return None
         created = row.created_at.replace(tzinfo=UTC) if row.created_at else _now()
-        return FutureRecord(
-            request_id, row.kind, row.context or "{}", created, row.outcome, row.proto
-        )
+        lease = row.lease_until.replace(tzinfo=UTC) if row.lease_until else None
+        context = row.context or "{}"
+        return FutureRecord(request_id, row.kind, context, created, row.outcome, row.proto, lease)
 
     def add_call(self, tenant: str, event_id: Any, request_id: str) -> None:
         self._cql.run(self._ins_call, (tenant, event_id, request_id))

@@ -14,7 +14,8 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import structlog
@@ -23,11 +24,20 @@ from catalog.exceptions import CatalogUnavailable
 from gateway.errors import ApiError, Unavailable
 from gateway.tinker.calls import remember
 from gateway.tinker.futures import Entry, Failed, Finisher, FuturesTable, Outcome
-from gateway.tinker.shared import SharedCalls, entry_of, outcome_of, record_of
+from gateway.tinker.shared import FutureRecord, SharedCalls, entry_of, outcome_of, record_of
 
 log = structlog.get_logger()
 SHARED_POLL_S = 0.2  # how often a future another instance took is read while it is pending
+LEASE_S = 10.0  # a sample's runner renews its lease every third of this; then others take over
 T = TypeVar("T")
+# Takes over a sample whose runner's lease ran out: its local entry, or None (another did).
+Adopt = Callable[[str, FutureRecord], Awaitable["Entry | None"]]
+
+
+def lease_end() -> datetime:
+    """Now + LEASE_S, in Cassandra's millisecond precision (compare-and-set compares it)."""
+    until = datetime.now(UTC) + timedelta(seconds=LEASE_S)
+    return until.replace(microsecond=until.microsecond // 1000 * 1000)
 
 
 class Answers:
@@ -67,11 +77,14 @@ class Answers:
         tenant: str,
         kind: str,
         event_id: uuid.UUID | None = None,
+        leased: bool = False,
         **context: Any,
     ) -> Entry:
-        """A pending future, here and shared (before its command is published)."""
+        """A pending future, here and shared (before its command is published); ``leased``:
+        run here under a lease (a sample), taken over by another instance if it runs out."""
         entry = self.futures.add(request_id, tenant, kind, **context)
-        await self.io(self.shared.add_future, tenant, record_of(entry))
+        lease = lease_end() if leased else None
+        await self.io(self.shared.add_future, tenant, record_of(entry, lease_until=lease))
         if event_id is not None:
             await self.io(self.shared.add_call, tenant, event_id, request_id)
             remember(self._calls, event_id, request_id)
@@ -100,10 +113,20 @@ class Answers:
             return None
         return None if row is None else entry_of(tenant, row)
 
-    async def retrieve(self, tenant: str, request_id: str) -> Outcome | None:
+    async def renew_while_running(self, entry: Entry) -> None:
+        """Renew ``entry``'s lease until cancelled (a task beside the sample it runs)."""
+        while True:
+            await asyncio.sleep(LEASE_S / 3)
+            with contextlib.suppress(ApiError):  # (missed once: the next renewal may land)
+                await self.io(self.shared.renew, entry.tenant, entry.request_id, lease_end())
+
+    async def retrieve(
+        self, tenant: str, request_id: str, adopt: Adopt | None = None
+    ) -> Outcome | None:
         """The outcome (None: still pending): waited for here when this instance took the
         call, else read from the shared rows, which every instance that hears the answer
-        writes (polled for up to the futures' ``poll_s``)."""
+        writes (polled for up to the futures' ``poll_s``). A leased future whose lease ran
+        out (its instance is gone) is taken over by ``adopt`` and waited for here."""
         entry = self.futures.get(request_id, tenant)
         if entry is not None:
             return await self.futures.wait(entry)
@@ -112,6 +135,11 @@ class Answers:
             raise FutureNotFound(request_id)
         deadline = time.monotonic() + self.futures.poll_s
         while (outcome := outcome_of(row)) is None and time.monotonic() < deadline:
+            lease = row.lease_until
+            if adopt is not None and lease is not None and lease < datetime.now(UTC):
+                adopted = await adopt(tenant, row)
+                if adopted is not None:
+                    return await self.futures.wait(adopted)
             await asyncio.sleep(SHARED_POLL_S)
             row = await self.io(self.shared.future, tenant, request_id) or row
         age = time.time() - row.created_at.timestamp()

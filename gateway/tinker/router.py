@@ -33,7 +33,7 @@ from schemas.events.steps import MAX_STEP_DATUMS, MAX_STEP_TOKENS
 
 M = TypeVar("M", bound=BaseModel)
 KEY_PREFIX = "tml-"
-MAX_BODY_BYTES = 8 * 1024 * 1024  # the JSON calls
+MAX_BODY_BYTES = 1024 * 1024  # the JSON calls: a 32k-token prompt is about 200 KiB of JSON
 # What the SDK estimates per position of a cross_entropy datum (int32 token, int64 target,
 # float32 weight): chunks of at most this many bytes stay within MAX_STEP_TOKENS per call.
 BYTES_PER_POSITION = 16

@@ -101,3 +101,27 @@ def sample_response(done: list[InferCompleted]) -> bytes:
             for p in done
         ]
     )
+
+
+def sample_context(payloads: list[InferRequested], policy: str, revision: int) -> dict:
+    """What another instance needs to run this sample again (kept in its future's row): the
+    first request (the others differ only in id and seed) and the seeds."""
+    return {
+        "policy": policy,
+        "revision": revision,
+        "payload": payloads[0].model_dump(mode="json"),
+        "seeds": [p.seed for p in payloads],
+    }
+
+
+def payloads_from(context: dict, request_id: str, answer_timeout_s: float) -> list[InferRequested]:
+    """The sample of ``sample_context`` again, under this instance's ``request_id`` (engines
+    answer to the instance whose id the requests carry) and a fresh expiry."""
+    first = InferRequested.model_validate(context["payload"])
+    expires_at = datetime.now(UTC) + timedelta(seconds=answer_timeout_s)
+    return [
+        first.model_copy(
+            update={"request_id": f"{request_id}.{i}", "seed": seed, "expires_at": expires_at}
+        )
+        for i, seed in enumerate(context["seeds"])
+    ]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import secrets
 import uuid
@@ -25,7 +26,7 @@ from catalog.refs import Ref
 from gateway.errors import ApiError, ModelNotFound
 from gateway.service import Gateway
 from gateway.tinker import sampling, steps
-from gateway.tinker.answers import Answers
+from gateway.tinker.answers import Answers, lease_end
 from gateway.tinker.bodies import (
     CreateModelRequest,
     LoadWeightsRequest,
@@ -36,7 +37,7 @@ from gateway.tinker.bodies import (
 )
 from gateway.tinker.calls import CallKey, Model, name_suffix, policy_of, remember
 from gateway.tinker.futures import Done, Entry, Failed, FuturesTable, Outcome
-from gateway.tinker.shared import MemoryCalls, ModelRecord, SharedCalls
+from gateway.tinker.shared import FutureRecord, MemoryCalls, ModelRecord, SharedCalls
 from gateway.tinker.trainer import Trainer
 from gateway.tinker.wire import FwdBwdRequest
 from schemas.envelope import make_event
@@ -347,16 +348,39 @@ class TinkerApi:
         await self._check_policy(tenant, policy, str(sid))
         request_id = self._request_id()
         payloads = sampling.infer_requests(req, revision, request_id, self.gw.config)
-        entry = await self.answers.open(request_id, tenant, "sample")
-        task = asyncio.create_task(
-            self._run_sample(entry, Ref(tenant, policy, revision=revision), payloads)
-        )
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        context = {"sample": sampling.sample_context(payloads, policy, revision)}
+        entry = await self.answers.open(request_id, tenant, "sample", leased=True, **context)
+        self._start_sample(entry, Ref(tenant, policy, revision=revision), payloads)
         ids = [f"{request_id}.{i}" for i in range(req.num_samples)]
         return {"request_id": request_id, "sample_sequence_ids": ids}
 
+    def _start_sample(self, entry: Entry, ref: Ref, payloads: list[InferRequested]) -> None:
+        task = asyncio.create_task(self._run_sample(entry, ref, payloads))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _adopt_sample(self, tenant: str, row: FutureRecord) -> Entry | None:
+        """Run here a sample whose instance is gone (its lease ran out), if no other instance
+        took it first; the engines answer this instance under new request ids."""
+        context = json.loads(row.context)
+        sample = context.get("sample")
+        if not sample or row.lease_until is None:
+            return None
+        if not await self._io(
+            self.shared.claim, tenant, row.request_id, row.lease_until, lease_end()
+        ):
+            return None
+        entry = self.futures.add(row.request_id, tenant, "sample", **context)
+        entry.wall_created = row.created_at.timestamp()
+        timeout_s = self.gw.config.answer_timeout_s
+        payloads = sampling.payloads_from(sample, self._request_id(), timeout_s)
+        ref = Ref(tenant, sample["policy"], revision=sample["revision"])
+        log.info("tinker sample taken over", request_id=row.request_id, policy=ref.policy)
+        self._start_sample(entry, ref, payloads)
+        return entry
+
     async def _run_sample(self, entry: Entry, ref: Ref, payloads: list[InferRequested]) -> None:
+        lease = asyncio.create_task(self.answers.renew_while_running(entry))
         try:
             shown = f"{ref.policy}@{payloads[0].revision}"
             done = await self.gw.run(ref, shown, payloads, uuid.uuid4())
@@ -366,9 +390,11 @@ class TinkerApi:
         except Exception as e:  # a bug of ours: the caller still hears of it
             log.exception("sampling failed", request_id=entry.request_id)
             outcome = Failed(f"sampling failed: {type(e).__name__}", "server")
+        finally:
+            lease.cancel()
         await self.answers.settle(entry, outcome)
 
     # ------------------------------------------------------------------ futures
 
     async def retrieve(self, tenant: str, request_id: str) -> Outcome | None:
-        return await self.answers.retrieve(tenant, request_id)
+        return await self.answers.retrieve(tenant, request_id, adopt=self._adopt_sample)

@@ -28,6 +28,8 @@ class SharedCalls(Protocol):
     def add_future(self, tenant: str, f: FutureRecord) -> None: ...
     def settle(self, tenant: str, f: FutureRecord) -> None: ...
     def future(self, tenant: str, request_id: str) -> FutureRecord | None: ...
+    def renew(self, tenant: str, request_id: str, until: datetime) -> None: ...
+    def claim(self, tenant: str, request_id: str, seen: datetime, until: datetime) -> bool: ...
     def add_call(self, tenant: str, event_id: Any, request_id: str) -> None: ...
     def call(self, tenant: str, event_id: Any) -> str | None: ...
     def add_state(self, tenant: str, path: str, uri: str) -> None: ...
@@ -63,10 +65,25 @@ class MemoryCalls:
         self._put(("future", tenant, f.request_id), f)
 
     def settle(self, tenant: str, f: FutureRecord) -> None:
-        self._put(("future", tenant, f.request_id), f)
+        old = self.future(tenant, f.request_id)  # (as an UPDATE: the lease stays)
+        self._put(("future", tenant, f.request_id), replace(f, lease_until=old and old.lease_until))
 
     def future(self, tenant: str, request_id: str) -> FutureRecord | None:
         return self._get(("future", tenant, request_id))
+
+    def renew(self, tenant: str, request_id: str, until: datetime) -> None:
+        with self._lock:
+            row = self._rows.get(("future", tenant, request_id))
+            if row is not None:
+                self._rows[("future", tenant, request_id)] = replace(row, lease_until=until)
+
+    def claim(self, tenant: str, request_id: str, seen: datetime, until: datetime) -> bool:
+        with self._lock:
+            row = self._rows.get(("future", tenant, request_id))
+            if row is None or row.lease_until != seen:
+                return False
+            self._rows[("future", tenant, request_id)] = replace(row, lease_until=until)
+            return True
 
     def add_call(self, tenant: str, event_id: Any, request_id: str) -> None:
         self._put(("call", tenant, event_id), request_id)
@@ -81,10 +98,13 @@ class MemoryCalls:
         return self._get(("state", tenant, path))
 
 
-def record_of(entry: Entry, outcome: Outcome | None = None) -> FutureRecord:
+def record_of(
+    entry: Entry, outcome: Outcome | None = None, lease_until: datetime | None = None
+) -> FutureRecord:
     """A future as its shared row (pending without ``outcome``)."""
     created = datetime.fromtimestamp(entry.wall_created, UTC)
-    row = FutureRecord(entry.request_id, entry.kind, json.dumps(entry.context), created)
+    context = json.dumps(entry.context)
+    row = FutureRecord(entry.request_id, entry.kind, context, created, lease_until=lease_until)
     if isinstance(outcome, Done):
         body = None if outcome.json is None else json.dumps({"json": outcome.json})
         return replace(row, outcome=body or json.dumps({"proto": True}), proto=outcome.proto)

@@ -6,6 +6,9 @@ every instance, as ``train.step.results`` reaches every follower."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import httpx
 import pytest
 from tinker import types
@@ -14,6 +17,7 @@ from benchmarks._round_robin import RoundRobin
 from gateway import GatewayConfig
 from gateway.main import ThreadedServer
 from gateway.service import Gateway
+from gateway.tinker import answers
 from gateway.tinker.futures import FuturesTable
 from gateway.tinker.service import TinkerApi
 from gateway.tinker.shared import MemoryCalls
@@ -53,7 +57,9 @@ def two_gateways():
     catalog, shared, trainer = FakeCatalog(), MemoryCalls(), BusTrainer()
     servers = []
     for name in ("gw-a", "gw-b"):
-        gw = Gateway(GatewayConfig(instance_id=name, port=0), catalog, FakeEngines())
+        engines = FakeEngines()
+        engines.request_prefix = f"{name}."  # (request ids name their instance)
+        gw = Gateway(GatewayConfig(instance_id=name, port=0), catalog, engines)
         gw.tinker = TinkerApi(gw, trainer, [BASE], futures=FuturesTable(poll_s=0.5), shared=shared)
         servers.append(ThreadedServer(gw).start())
     balancer = RoundRobin([s.url for s in servers]).start()
@@ -139,3 +145,52 @@ def test_a_restarted_instance_still_knows_the_models_made_before(two_gateways) -
             headers={"X-API-Key": f"tml-{key}"},
         )
     assert info.status_code == 200 and info.json()["lora_rank"] == 4
+
+
+class StuckEngines(FakeEngines):
+    """Engines that never answer (the instance dies before they would)."""
+
+    async def submit(self, envs, timeout_s):
+        self.seen.extend(envs)
+        await asyncio.Event().wait()
+
+
+def test_a_sample_whose_instance_died_is_run_again_by_another(two_gateways, monkeypatch) -> None:
+    monkeypatch.setattr(answers, "LEASE_S", 1.0)  # (10 s in production)
+    catalog, trainer, (a, b), _ = two_gateways
+    key = catalog.add_key("acme")
+    service_a = sdk(a.url, key)
+    tc = service_a.create_lora_training_client(BASE, rank=8).result()
+    path = tc.save_weights_for_sampler("s").result().path
+    stuck = StuckEngines()
+    stuck.request_prefix = a.gateway.engines.request_prefix
+    a.gateway.engines = stuck
+    acme = {"X-API-Key": f"tml-{key}"}
+    body = {
+        "sampling_session_id": None,
+        "model_path": path,
+        "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]},
+        "sampling_params": {"max_tokens": 4, "seed": 5},
+        "num_samples": 2,
+    }
+    with httpx.Client(timeout=30) as raw:
+        sent = raw.post(f"{a.url}/api/v1/asample", json=body, headers=acme)
+        assert sent.status_code == 200, sent.text
+        rid = sent.json()["request_id"]
+        deadline = time.monotonic() + 10
+        while len(stuck.seen) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(stuck.seen) == 2  # a runs it, and never finishes
+        _stop(a, trainer)
+        for _ in range(20):  # as the SDK does: asks again on try_again (the lease runs 1 s)
+            got = raw.post(
+                f"{b.url}/api/v1/retrieve_future", json={"request_id": rid}, headers=acme
+            )
+            if got.headers["content-type"] != "application/json":
+                break
+            assert got.json()["type"] == "try_again", got.text
+    assert got.status_code == 200 and got.headers["content-type"] == "application/x-protobuf"
+    again = b.gateway.engines.seen
+    assert [e.payload.prompt_token_ids for e in again] == [[1, 2, 3]] * 2
+    assert [e.payload.seed for e in again] == [5, 6]  # the same sample, on b's engines
+    assert all(e.payload.request_id.startswith(b.gateway.engines.request_prefix) for e in again)

@@ -50,3 +50,25 @@ def test_a_future_is_pending_until_settled_and_reads_back_as_it_was(calls, tenan
     again = calls.future(tenant, entry.request_id)
     assert again is not None and outcome_of(again) == outcome
     assert entry_of(tenant, again).context == {"model_id": "tkab12cd34:train:0"}
+
+
+def test_a_run_out_lease_is_taken_over_by_one_instance_only(calls, tenant) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from gateway.tinker.answers import lease_end
+
+    entry = Entry("gw-a.tk3", tenant, "sample", 0.0, {"sample": {"policy": "p"}})
+    past = (datetime.now(UTC) - timedelta(seconds=5)).replace(microsecond=0)
+    calls.add_future(tenant, record_of(entry, lease_until=past))
+    row = calls.future(tenant, entry.request_id)
+    assert row is not None and row.lease_until == past
+    until = lease_end()
+    assert calls.claim(tenant, entry.request_id, row.lease_until, until)  # b takes it
+    assert not calls.claim(tenant, entry.request_id, row.lease_until, until)  # c is too late
+    later = until + timedelta(seconds=3)
+    calls.renew(tenant, entry.request_id, later)  # b runs it
+    assert calls.future(tenant, entry.request_id).lease_until == later
+    # settling keeps the lease and records the outcome
+    calls.settle(tenant, record_of(entry, Done(proto=b"x")))
+    done = calls.future(tenant, entry.request_id)
+    assert outcome_of(done) == Done(proto=b"x") and done.lease_until == later
