@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mint import __version__
-from mint.commands.errors import fail, one_line_errors
+from mint.commands.errors import fail, one_line_errors, quiet_driver_tracebacks
 from schemas.logs import configure_logging
 from schemas.settings import get_settings
 
@@ -47,7 +47,10 @@ def main(log_format: str) -> None:
 
     Configuration comes from MINT_* environment variables (see README, "Configuration").
     """
-    configure_logging(get_settings().log_level, log_format)
+    level = get_settings().log_level
+    configure_logging(level, log_format)
+    if level != "DEBUG":
+        quiet_driver_tracebacks()  # the driver's traceback repeats the command's own error line
 
 
 @main.group()

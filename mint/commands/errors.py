@@ -6,11 +6,16 @@ a socket, a permission) and kafka-python's own errors as ``error: <message>`` on
 1. Usage errors stay click's (``click.UsageError``: exit 2, with the command's usage); anything
 else is a bug and keeps its traceback. ``@one_line_errors(RuntimeError)`` adds the plain errors
 of a library a command calls that has no MinT type of its own.
+
+:func:`quiet_driver_tracebacks` keeps the Cassandra driver's own tracebacks off a person's terminal:
+what the driver logs and then raises (a refused prepare, a connect that found no node) reaches the
+command as the error it raises, which MinT words with its fix.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
@@ -60,3 +65,42 @@ def one_line_errors(*args: Any) -> Any:
     if len(args) == 1 and callable(args[0]) and not isinstance(args[0], type):
         return _wrap(args[0], ())
     return lambda fn: _wrap(fn, args)
+
+
+# What the Cassandra driver logs with a traceback and then raises to its caller: the command's own
+# `error: …` line says it (with the fix), so the log record only repeats it, traceback first.
+_DRIVER_RAISES = (
+    "Error preparing query:",
+    "Control connection failed to connect, shutting down Cluster:",
+)
+# The driver's modules that log with a traceback (log.exception or exc_info=True).
+_DRIVER_LOGGERS = (
+    "cassandra.cluster",
+    "cassandra.connection",
+    "cassandra.pool",
+    "cassandra.metadata",
+)
+
+
+class _DriverTracebacks(logging.Filter):
+    """Drop a Cassandra driver record the driver raises to its caller anyway; fold any other
+    record's traceback into its line (``<message> <Type>: <text>``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg in _DRIVER_RAISES:
+            return False
+        if record.exc_info and record.exc_info[1] is not None:
+            error = record.exc_info[1]
+            record.msg = f"{record.getMessage()} {type(error).__name__}: {error}"
+            record.args = ()
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def quiet_driver_tracebacks() -> None:
+    """Install :class:`_DriverTracebacks` on the driver's loggers (idempotent). The CLI calls it
+    unless MINT_LOG_LEVEL=DEBUG, which keeps every traceback for whoever is chasing a driver bug."""
+    for name in _DRIVER_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DriverTracebacks) for f in logger.filters):
+            logger.addFilter(_DriverTracebacks())

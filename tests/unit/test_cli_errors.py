@@ -152,3 +152,61 @@ def test_a_command_fails_at_once_where_no_broker_listens() -> None:
     with pytest.raises(KafkaUnavailable, match=f"no Kafka broker at 127.0.0.1:{port}: start one"):
         require_broker(MintSettings(kafka_bootstrap=f"127.0.0.1:{port}"))
     assert time.monotonic() - t0 < 5.0
+
+
+# A command that meets what the Cassandra driver logs with a traceback and then raises: a prepare
+# refused (no keyspace) and a connect that found no node; the command words it as MinT's error.
+_DRIVER_SCRIPT = """
+import logging
+from mint.cli import main
+from mint.commands.errors import one_line_errors
+from schemas.exceptions import MintError
+
+@main.command("driver-fails")
+@one_line_errors
+def driver_fails():
+    log = logging.getLogger("cassandra.cluster")
+    try:
+        raise ConnectionRefusedError(111, "Connection refused")
+    except ConnectionRefusedError:
+        log.warning("[control connection] Error connecting to %s:", "127.0.0.1:1", exc_info=True)
+    try:
+        raise ValueError('keyspace nope does not exist')
+    except ValueError:
+        log.exception("Error preparing query:")
+    raise MintError("keyspace 'nope' does not exist: run `mint catalog migrate`")
+
+main(["driver-fails"])
+"""
+
+
+def _driver_fails(level: str):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MINT_LOG_LEVEL": level}
+    return subprocess.run(
+        [sys.executable, "-c", _DRIVER_SCRIPT], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_the_cassandra_drivers_tracebacks_stay_off_the_terminal() -> None:
+    # Before: `mint policies list demo` without the keyspace printed the driver's "Error preparing
+    # query:" traceback above MinT's own error line.
+    result = _driver_fails("INFO")
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr and "Error preparing query" not in result.stderr
+    assert result.stderr.endswith(
+        "error: keyspace 'nope' does not exist: run `mint catalog migrate`\n"
+    )
+    # A record the driver does not raise keeps its line, with the error folded into it.
+    assert (
+        "WARNING cassandra.cluster [control connection] Error connecting to 127.0.0.1:1: "
+        "ConnectionRefusedError: [Errno 111] Connection refused\n" in result.stderr
+    )
+
+
+def test_debug_logging_keeps_the_drivers_tracebacks() -> None:
+    result = _driver_fails("DEBUG")
+    assert result.returncode == 1 and result.stderr.count("Traceback") == 2, result.stderr

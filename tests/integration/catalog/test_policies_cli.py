@@ -45,3 +45,26 @@ def test_policies_list_for_one_tenant_and_across_tenants(
         assert bad.exit_code == 2
     finally:
         get_settings.cache_clear()
+
+
+def test_a_missing_keyspace_is_one_error_line_that_names_the_fix(cassandra_cluster) -> None:
+    # Before: the Cassandra driver's "Error preparing query:" traceback came first.
+    import os
+    import subprocess
+    import sys
+    import uuid
+
+    keyspace = f"absent_{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "MINT_KEYSPACE": keyspace, "MINT_LOG_LEVEL": "INFO"}
+    result = subprocess.run(
+        [sys.executable, "-m", "mint.cli", "policies", "list", "demo"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1 and result.stdout == "", result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+    assert f"keyspace {keyspace} does not exist" in result.stderr
+    assert "run `mint catalog migrate`" in result.stderr
