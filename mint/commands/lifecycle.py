@@ -115,8 +115,8 @@ def policies_list(tenant: str | None, output: str) -> None:
                         "retired_at": p.retired_at,
                     }
                 )
-    columns = {
-        **({} if tenant else {"tenant": text("tenant")}),
+    columns = {  # the tenant even for one: a row reads as the reference tenant/policy
+        "tenant": text("tenant"),
         "policy": text("policy"),
         "base model": lambda r: r["base_model"][-40:],
         "latest": text("latest_revision"),

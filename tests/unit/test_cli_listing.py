@@ -59,3 +59,52 @@ def test_a_bad_output_names_the_choices() -> None:
     command, _ = _command()
     result = CliRunner().invoke(command, ["-o", "yaml"])
     assert result.exit_code == 2 and "'table', 'json'" in result.output
+
+
+def test_policies_list_shows_each_rows_tenant(monkeypatch) -> None:
+    """`mint policies list` (every tenant) and `mint policies list TENANT` both name the tenant
+    of each row, in the table and in JSON."""
+    from types import SimpleNamespace
+
+    from mint.cli import main
+    from mint.commands import revisions
+
+    created = datetime(2026, 12, 6, 17, 0, tzinfo=UTC)
+    policies = {"acme": ["math"], "globex": ["chat"]}
+
+    class Repo:
+        def list_tenants(self):
+            return list(policies)
+
+        def list_policies(self, tenant):
+            return [
+                SimpleNamespace(policy=p, base_model="tiny", created_at=created, retired_at=None)
+                for p in policies[tenant]
+            ]
+
+        def list_revisions(self, tenant, policy, page_size):
+            return [SimpleNamespace(revision=3)], None
+
+        def list_aliases(self, tenant, policy):
+            return [SimpleNamespace(alias="prod", revision=3)]
+
+    class _Open:
+        def __enter__(self):
+            return Repo()
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(revisions, "catalog_repo", _Open)
+    monkeypatch.setenv("COLUMNS", "120")
+    every = CliRunner().invoke(main, ["policies", "list"])
+    assert every.exit_code == 0, every.output
+    header, *rows = [line for line in every.output.splitlines() if "│" in line or "┃" in line]
+    assert header.split("┃")[1].strip() == "tenant"
+    cells = [[c.strip() for c in r.split("│")[1:3]] for r in rows]
+    assert cells == [["acme", "math"], ["globex", "chat"]]
+    one = CliRunner().invoke(main, ["policies", "list", "acme"])
+    assert one.exit_code == 0 and "tenant" in one.output and "acme" in one.output, one.output
+    assert "globex" not in one.output
+    line = CliRunner().invoke(main, ["policies", "list", "acme", "-o", "json"]).output
+    assert json.loads(line)["tenant"] == "acme"
