@@ -9,7 +9,12 @@ One port per process (``MINT_METRICS_PORT``; off when unset):
   body names each consumer group, whether it is waiting out an outage and since when, and how
   long its poll has been running.
 - ``/readyz``: 503 while any of its consumer loops waits out a transient failure (its partitions
-  paused), 200 otherwise: a readiness probe, and what an operator's dashboard shows.
+  paused), or while the stall watch (streams.stall) suspects one of its consumers: a stall
+  condition that has lasted ``SUSPECT_S`` (30 s), long before the watch replaces the consumer
+  (90-150 s). The JSON names the group, each condition and since when (``"reason"``: ``<group>:
+  stalled: never_fetched on mint.infer.requests[3] since <UTC time>``); ready again as soon as
+  the condition clears or the consumer is replaced. 200 otherwise: a readiness probe, and what
+  an operator's dashboard shows.
 - ``/metrics``: every metric of the process's default registry (prometheus_client's
   ``REGISTRY``): the ``mint_*`` ones and, on an engine, vLLM's ``vllm:*`` (workers.serving.metrics).
 """
@@ -35,12 +40,19 @@ WAITING = Gauge(
 # A poll returns within its timeout plus a rebalance (seconds); 2 minutes in one is a client
 # wedged inside itself.
 STUCK_POLL_S = 120.0
+# The stall watch reports what it suspects after each of its looks (every second while the loop
+# polls). A suspicion no look confirmed for this long is dropped: its consumer was closed, or its
+# loop is busy in a handler, which the watch does not count against it either.
+STALL_FRESH_S = 30.0
 
 _lock = threading.Lock()
 _waiting_since: dict[str, float] = {}  # group -> wall time the outage began
 _polling_since: dict[str, float] = {}  # group -> _clock() when its running poll began
 _clock = time.monotonic
 _groups: set[str] = set()
+# (reader, watch) -> (_clock() of the watch's last look, what it suspects): one entry per consumer,
+# as a process may run several of one group (a trainer's --consumers).
+_stalled: dict[tuple[str, int], tuple[float, list[dict]]] = {}
 _servers: dict[int, ThreadingHTTPServer] = {}
 
 
@@ -70,25 +82,59 @@ def polling(group: str, running: bool) -> None:
             _polling_since.pop(group, None)
 
 
+def stalled(reader: str, watch: int, conditions: list[dict]) -> None:
+    """What the stall watch ``watch`` of ``reader``'s consumer (its group, or a follower's client
+    id) suspects now: one dict per condition (``reason``, ``partition``, ``for_s``, ``since``,
+    ``detail``), empty when none. streams.stall calls it after each look and on a replacement."""
+    with _lock:
+        if conditions:
+            _stalled[(reader, watch)] = (_clock(), conditions)
+        else:
+            _stalled.pop((reader, watch), None)
+
+
+def _suspected(now: float) -> dict[str, list[dict]]:
+    by_reader: dict[str, list[dict]] = {}
+    for (reader, _), (seen, conditions) in sorted(_stalled.items()):
+        if now - seen <= STALL_FRESH_S:
+            by_reader.setdefault(reader, []).extend(conditions)
+    return by_reader
+
+
 def report() -> dict:
     now = _clock()
     with _lock:
+        suspected = _suspected(now)
         groups = {
             g: {
                 "waiting_out_outage": g in _waiting_since,
                 "waiting_since": _waiting_since.get(g),
                 "polling_for_s": round(now - _polling_since[g], 1) if g in _polling_since else None,
+                "stalled": suspected.get(g, []),
             }
-            for g in sorted(_groups)
+            for g in sorted(_groups | set(suspected))
         }
     stuck = sorted(g for g, v in groups.items() if (v["polling_for_s"] or 0) > STUCK_POLL_S)
+    reason = "; ".join(
+        f"{g}: stalled: {c['reason']} on {c['partition'] or 'the group member'} since {c['since']}"
+        for g, conditions in suspected.items()
+        for c in conditions
+    )
     if stuck:
         status = "stuck_in_poll"
     elif any(v["waiting_out_outage"] for v in groups.values()):
-        status = "waiting_out_outage"
+        status = "waiting_out_outage"  # the outage is the cause of what the stall watch sees
+    elif suspected:
+        status = "stalled"
     else:
         status = "ready"
-    return {"status": status, "groups": groups, "stuck": stuck}
+    return {
+        "status": status,
+        "reason": reason or None,
+        "groups": groups,
+        "stuck": stuck,
+        "stalled": sorted(suspected),
+    }
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -32,6 +32,12 @@ watches each partition it owns from what the client already knows locally (no br
   for every member (a peer finishing its running requests takes up to 60 s), so the limit is
   well past that; a new client during a long legitimate wait only joins the same wait again.
 
+A condition that has lasted ``suspect_s`` (30 s: a third of ``limit_s``, past the 10 s session and
+a quick rebalance) is a suspicion: the watch tells streams.health after each look, so the
+process's ``/readyz`` is 503 with the group, the condition and since when, until the condition
+clears or the consumer is replaced (:meth:`StallWatch.reset`), instead of ready for the 90-150 s
+before the replacement.
+
 A paused partition (an outage waited out) is not watched. ``limit_s`` (90 s) is past
 kafka-python's transaction timeout (60 s): a ``read_committed`` consumer stops at an open
 transaction of a producer that died, until the broker aborts it. What the loop does about a
@@ -45,11 +51,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import structlog
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
+from streams import health
 from streams.metrics import RESTARTS
 
 log = structlog.get_logger()
@@ -91,6 +99,19 @@ class Stall:
             f"unmoved for {self.for_s:.0f} s"
         )
 
+    def condition(self) -> dict:
+        """What ``/readyz`` shows of it (streams.health.stalled)."""
+        since = datetime.fromtimestamp(time.time() - self.for_s, UTC)
+        return {
+            "reason": self.reason,
+            "partition": None
+            if self.partition is None
+            else f"{self.partition.topic}[{self.partition.partition}]",
+            "for_s": round(self.for_s, 1),
+            "since": since.isoformat(timespec="seconds"),
+            "detail": self.describe(),
+        }
+
 
 class StallWatch:
     """Per owned partition, when it last made progress; :meth:`check` after each poll."""
@@ -107,8 +128,15 @@ class StallWatch:
         unresolved_s: float | None = None,
         silent_s: float = 60.0,
         join_s: float = 150.0,
+        suspect_s: float = 30.0,
+        reader: str | None = None,
     ) -> None:
         self.limit_s, self.every_s, self.clock = limit_s, every_s, clock
+        # A condition this old is suspected (``/readyz`` 503); a rule with a shorter limit
+        # suspects at its limit. ``reader``: the name /readyz shows (default: the consumer's
+        # group id, else its client id, which streams.group sets to the group's name).
+        self.suspect_s, self.reader = suspect_s, reader
+        self._told: str | None = None  # the reader streams.health last heard a suspicion of
         # Past the 10 s session (the broker dropped the member long since) and past the 20-42 s
         # a one-node broker is away in the fault-injection runs (the client comes back itself).
         self.silent_s, self.join_s = silent_s, join_s
@@ -131,6 +159,7 @@ class StallWatch:
         self._stable_since = None
         self._joining_since = None
         self._coordinator_lost = None
+        self._tell(None, [])  # replaced: ready again
 
     def check(
         self, consumer: KafkaConsumer, returned: Iterable[TopicPartition] = ()
@@ -155,7 +184,7 @@ class StallWatch:
             del self._seen[tp]
         for tp in paused:  # an outage waited out: nothing is expected of it
             self._seen.pop(tp, None)
-        stalls = []
+        conditions: list[tuple[Stall, float]] = []  # each with the limit of its rule
         for tp in owned - paused:
             seen = self._seen.get(tp)
             if seen is None:
@@ -181,30 +210,57 @@ class StallWatch:
                 reason, limit = "no_position", self.unresolved_s
             else:
                 reason, limit = "not_handed_out", self.limit_s
-            if waited >= limit:
-                stalls.append(Stall(tp, reason, waited, position, high))
-        if (silent := self._silent_member(consumer, now)) is not None:
-            stalls.append(silent)
-        return stalls
+            conditions.append((Stall(tp, reason, waited, position, high), limit))
+        conditions += self._silent_member(consumer, now)
+        suspected = [s for s, limit in conditions if s.for_s >= min(self.suspect_s, limit)]
+        self._tell(consumer, suspected)
+        return [s for s, limit in conditions if s.for_s >= limit]
 
-    def _silent_member(self, consumer: KafkaConsumer, now: float) -> Stall | None:
-        """A member that has known no coordinator for ``silent_s``, that has been joining for
-        ``join_s``, or that believes its group is stable but whose heartbeats go unanswered.
-        Reads kafka-python's coordinator state (no public API); a client without it is not
-        watched this way. Both clocks are ``time.monotonic`` unless a test fakes them."""
+    def _tell(self, consumer: KafkaConsumer | None, suspected: list[Stall]) -> None:
+        """Tell streams.health what this watch suspects now (nothing: once, after a suspicion)."""
+        if not suspected:
+            if self._told is not None:
+                health.stalled(self._told, id(self), [])
+                self._told = None
+            return
+        config = getattr(consumer, "config", None) or {}  # a test's fake may have none
+        reader = self.reader or config.get("group_id") or config.get("client_id") or "consumer"
+        if self._told not in (None, reader):
+            health.stalled(self._told, id(self), [])
+        health.stalled(reader, id(self), [s.condition() for s in suspected])
+        self._told = reader
+
+    def _silent_member(self, consumer: KafkaConsumer, now: float) -> list[tuple[Stall, float]]:
+        """A member that has known no coordinator, that has been joining, or that believes its
+        group is stable but whose heartbeats go unanswered, however long so far, each with the
+        limit of its rule (``silent_s``, ``join_s``, ``silent_s``). Reads
+        kafka-python's coordinator state (no public API); a client without it is not watched
+        this way. Both clocks are ``time.monotonic`` unless a test fakes them."""
         coordinator = getattr(consumer, "_coordinator", None)
         heartbeat = getattr(coordinator, "heartbeat", None)
         grouped = (getattr(consumer, "config", None) or {}).get("group_id") is not None
         if heartbeat is None or not grouped:
-            return None
+            return []
         # coordinator_id, not coordinator_unknown(): that one marks a disconnected coordinator
         # dead as a side effect.
         if getattr(coordinator, "coordinator_id", None) is not None:
             self._coordinator_lost = None
         elif self._coordinator_lost is None:
             self._coordinator_lost = now
-        elif (lost := now - self._coordinator_lost) >= self.silent_s:
-            return Stall(None, "no_coordinator", lost, None, None)
+        found = []
+        if self._coordinator_lost is not None:
+            lost = now - self._coordinator_lost
+            found.append((Stall(None, "no_coordinator", lost, None, None), self.silent_s))
+            if lost >= self.silent_s:
+                return found
+        member = self._member(consumer, coordinator, heartbeat, now)
+        return found if member is None else [*found, member]
+
+    def _member(
+        self, consumer: KafkaConsumer, coordinator: object, heartbeat: object, now: float
+    ) -> tuple[Stall, float] | None:
+        """A member that has been joining (``join_s``) or whose heartbeats go unanswered
+        (``silent_s``), however long so far."""
         if not coordinator.stable():
             self._stable_since = None  # unjoined or rebalancing: heartbeats pause meanwhile
             # A reader assigned its partitions (a follower keeping a position under a group id)
@@ -216,14 +272,14 @@ class StallWatch:
             if self._joining_since is None:
                 self._joining_since = now
             joining = now - self._joining_since
-            if joining < self.join_s:
-                return None
-            return Stall(None, "no_join", joining, None, None, _join_state(coordinator))
+            # The client's state only for a stall: the limit is far past a slow join.
+            state = _join_state(coordinator) if joining >= self.join_s else ""
+            return Stall(None, "no_join", joining, None, None, state), self.join_s
         self._joining_since = None
         if self._stable_since is None:
             self._stable_since = now
         silent = now - max(heartbeat.last_receive, self._stable_since)
-        return Stall(None, "no_heartbeat", silent, None, None) if silent >= self.silent_s else None
+        return Stall(None, "no_heartbeat", silent, None, None), self.silent_s
 
 
 def _join_state(coordinator: object) -> str:

@@ -8,9 +8,17 @@ import pytest
 from kafka import TopicPartition
 from kafka.errors import KafkaTimeoutError
 
+from streams import health
 from streams.stall import StallWatch
 
 pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(autouse=True)
+def _own_health(monkeypatch) -> None:
+    """Each test's suspicions stay its own (streams.health keeps them per process)."""
+    monkeypatch.setattr(health, "_stalled", {})
+
 
 TP0, TP1 = TopicPartition("mint.t", 0), TopicPartition("mint.t", 1)
 
@@ -245,3 +253,85 @@ def test_a_host_busy_between_polls_does_not_count_against_its_join() -> None:
     clock.now += 600  # a handler (an evaluation wave) kept this loop unpolled
     assert polls(watch, consumer, clock, 49) == []
     assert [s.reason for s in polls(watch, consumer, clock, 3)] == ["no_join"]
+
+
+def _readiness() -> dict:
+    body = health.report()
+    return {
+        g: [(c["reason"], c["partition"]) for c in v["stalled"]]
+        for g, v in body["groups"].items()
+        if v["stalled"]
+    }
+
+
+def test_a_condition_of_30_s_makes_the_process_not_ready_until_it_clears() -> None:
+    """/readyz goes 503 a minute before the watch replaces the consumer, and ready again when
+    the partition moves."""
+    clock, consumer = Clock(), grouped(TP0, TP1)
+    consumer.high.update({TP0: 10, TP1: 5})
+    consumer.pos.update({TP0: 3, TP1: 5})
+    watch = StallWatch(limit_s=90, clock=clock, silent_s=60)
+    consumer._coordinator.heartbeat.last_receive = float("inf")  # heartbeats answered
+    # Its first position read at the second look: 29 s unmoved after 31 looks, then 30.
+    assert polls(watch, consumer, clock, 31) == [] and health.report()["status"] == "ready"
+    assert polls(watch, consumer, clock, 1) == []  # suspected, not yet replaced
+    body = health.report()
+    assert body["status"] == "stalled" and body["stalled"] == ["mint-serving"]
+    [condition] = body["groups"]["mint-serving"]["stalled"]
+    assert condition["reason"] == "not_handed_out" and condition["partition"] == "mint.t[0]"
+    assert (
+        condition["for_s"] == 30.0 and "position 3 behind high watermark 10" in condition["detail"]
+    )
+    assert body["reason"].startswith("mint-serving: stalled: not_handed_out on mint.t[0] since ")
+    consumer.pos[TP0] = 4  # it moved: ready again at the next look
+    assert polls(watch, consumer, clock, 1) == [] and health.report()["status"] == "ready"
+
+
+def test_a_replaced_consumer_is_ready_again() -> None:
+    clock, consumer = Clock(), FakeConsumer(TP0)
+    consumer.config = {"group_id": None, "client_id": "timeline"}  # a follower: its client id
+    watch = StallWatch(limit_s=90, clock=clock)
+    polls(watch, consumer, clock, 60)
+    assert _readiness() == {"timeline": [("never_fetched", "mint.t[0]")]}
+    assert [s.reason for s in polls(watch, consumer, clock, 31)] == ["never_fetched"]
+    watch.reset()  # what the loop does with a stall: a new client
+    assert health.report()["status"] == "ready"
+    assert polls(watch, consumer, clock, 29) == [] and _readiness() == {}
+
+
+@pytest.mark.parametrize(
+    ("state", "reason"),
+    [
+        ({"is_stable": False}, "no_join"),  # joining for 30 s (the stall: 150 s)
+        ({"coordinator_id": None}, "no_coordinator"),  # none known for 30 s (the stall: 60 s)
+        ({"answered": False}, "no_heartbeat"),  # none answered for 30 s (the stall: 60 s)
+    ],
+)
+def test_a_silent_member_is_suspected_after_30_s(state: dict, reason: str) -> None:
+    clock, consumer = Clock(), grouped(TP0)
+    consumer.high[TP0], consumer.pos[TP0] = 40, 40
+    state = dict(state)
+    answered = state.pop("answered", True)
+    consumer._coordinator.heartbeat.last_receive = float("inf" if answered else "-inf")
+    for key, value in state.items():
+        setattr(consumer._coordinator, key, value)
+    watch = StallWatch(limit_s=90, clock=clock, silent_s=60, join_s=150, reader="mint-trainer")
+    assert polls(watch, consumer, clock, 30) == [] and _readiness() == {}
+    assert polls(watch, consumer, clock, 2) == []
+    assert _readiness() == {"mint-trainer": [(reason, None)]}
+    assert "the group member since" in health.report()["reason"]
+
+
+def test_two_consumers_of_one_group_are_suspected_each_on_its_own() -> None:
+    """A trainer's --consumers 2: one consumer's clean look does not clear the other's."""
+    clock, stuck, fine = Clock(), grouped(TP0), grouped(TP1)
+    stuck.high[TP0], stuck.pos[TP0] = 10, 3
+    fine.high[TP1], fine.pos[TP1] = 5, 5
+    for c in (stuck, fine):
+        c._coordinator.heartbeat.last_receive = float("inf")
+    one, other = StallWatch(clock=clock), StallWatch(clock=clock)
+    for _ in range(32):
+        clock.now += 1
+        one.check(stuck)
+        other.check(fine)
+    assert _readiness() == {"mint-serving": [("not_handed_out", "mint.t[0]")]}

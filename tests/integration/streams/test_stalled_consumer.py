@@ -14,7 +14,7 @@ from schemas import decode_event
 from schemas.envelope import make_event
 from schemas.events import PromoteCommand
 from schemas.settings import MintSettings
-from streams import EventProducer, ensure_topics, topic_for
+from streams import EventProducer, ensure_topics, health, topic_for
 from streams.follower import Follower
 from streams.group import ConsumerLoop
 from streams.metrics import RESTARTS
@@ -44,11 +44,13 @@ def test_a_partition_the_client_stops_fetching_gets_the_loop_a_new_consumer(
         handled[env.event_id] = record.partition
 
     group = f"{settings.topic_prefix}-stall"
-    loop = ConsumerLoop(settings, ["serving.commands"], group, handle, stall_limit_s=4.0)
+    loop = ConsumerLoop(settings, ["serving.commands"], group, handle, stall_limit_s=6.0)
+    loop._stalls.suspect_s = 2.0  # /readyz 503 well before the replacement (30 s and 90 s live)
     wedged = loop.consumer
     _wedge(wedged, 0)
     restarts = RESTARTS.labels(group, "never_fetched")
     before = restarts._value.get()
+    suspected: set[tuple[str, str | None]] = set()
     try:
         with EventProducer(settings) as producer:
             producer.publish_many(commands)
@@ -58,9 +60,15 @@ def test_a_partition_the_client_stops_fetching_gets_the_loop_a_new_consumer(
                 f"{len(handled)} of {len(commands)} handled; partition 0 was never read again"
             )
             loop.step(200)
+            if loop.consumer is wedged:
+                stalled = health.report()["groups"].get(group, {}).get("stalled", [])
+                suspected |= {(c["reason"], c["partition"]) for c in stalled}
     finally:
         loop.close()
+        loop._stalls.reset()
     assert loop.consumer is not wedged, "the stalled consumer was replaced"
+    topic = topic_for(settings, "serving.commands")
+    assert ("never_fetched", f"{topic}[0]") in suspected, "/readyz named it before the replacement"
     assert restarts._value.get() == before + 1
     assert sorted(handled) == sorted(c.event_id for c in commands), "every record handled"
     assert 0 in handled.values(), "records of the wedged partition were among them"
