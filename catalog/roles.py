@@ -4,8 +4,8 @@ Applied as a superuser by ``mint security apply`` (and ``mint dev up --secure``)
 PasswordAuthenticator + CassandraAuthorizer. A role reads the tables of :data:`RIGHTS` and
 modifies only its own: the trainer registers revisions, the controller moves aliases and keeps
 its state, the projector applies the log to both; only ``operator`` (and ``admin``) write API
-keys and tenants' rates, and the gateway reads keys, rates, policies and aliases and nothing
-else. So a compromised worker cannot mint itself an API key.
+keys and tenants' rates, and the gateway reads keys, rates, policies and aliases and writes only
+the Tinker API's own rows. So a compromised worker cannot mint itself an API key.
 
 Grants name tables, so they are made on the deployment's keyspace (``settings.keyspace``) after
 :func:`apply` has migrated it (as ``admin``). A migration that adds a table must give it a place
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import Cluster, NoHostAvailable
 
-from catalog.tables import ACCESS, CATALOG, MIGRATIONS, STATE, TABLES
+from catalog.tables import ACCESS, CATALOG, MIGRATIONS, STATE, TABLES, TINKER
 from schemas.settings import MintSettings
 
 
@@ -57,7 +57,8 @@ RIGHTS: dict[str, Rights] = {
     # serving, rollout and evaluation only read: the catalog, and the suites the controller
     # keeps in worker_state (controller.configs: the evaluator refuses other suites)
     "engine": Rights(reads=CATALOG + STATE),
-    # keys and tenants' rates; a model's policy, digest and aliases (gateway.directory)
+    # keys and tenants' rates; a model's policy, digest and aliases (gateway.directory); the
+    # Tinker API's shared models, futures, calls and states (catalog.tinker_calls), its own
     "gateway": Rights(
         reads=(
             "api_keys",
@@ -67,6 +68,8 @@ RIGHTS: dict[str, Rights] = {
             "revisions_by_digest",
             "aliases",
         )
+        + TINKER,
+        modifies=TINKER,
     ),
     # reads everything; key management (`mint tenants`, `mint keys`) writes the access rows
     "operator": Rights(reads=TABLES, modifies=ACCESS),

@@ -20,5 +20,7 @@ CATALOG = (
 # scores to the revision that answered
 STATE = ("worker_state", "canary_answers")
 ACCESS = ("tenant_access", "api_keys", "api_keys_by_tenant")
+# What the Tinker API's gateway instances share (catalog.tinker_calls): written by the gateway
+TINKER = ("tinker_models", "tinker_futures", "tinker_calls", "tinker_states")
 MIGRATIONS = ("schema_migrations",)
-TABLES = CATALOG + STATE + ACCESS + MIGRATIONS
+TABLES = CATALOG + STATE + ACCESS + TINKER + MIGRATIONS

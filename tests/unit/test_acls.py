@@ -98,7 +98,7 @@ def test_every_principal_has_a_known_role_or_none() -> None:
 def test_gateway_asks_engines_and_follows_answers_without_a_group(acls) -> None:
     from mint.security import PRINCIPAL_OF
 
-    assert PRINCIPAL_OF["gateway"] == "gateway" and ROLES["gateway"] == ("SELECT",)
+    assert PRINCIPAL_OF["gateway"] == "gateway" and ROLES["gateway"] == ("SELECT", "MODIFY")
     assert _allowed(acls, "gateway", "WRITE", "TOPIC", "t1.infer.requests")
     assert _allowed(acls, "gateway", "READ", "TOPIC", "t1.infer.results")
     # a tenant's promote/rollback (gateway/lifecycle): the command out, the controller's answer in
@@ -144,11 +144,12 @@ def test_only_key_management_modifies_api_keys_and_nobody_modifies_all_keyspaces
     assert ("SELECT", "<table ks.api_keys>") not in plan["trainer"] | plan["engine"]
 
 
-def test_the_gateway_reads_keys_rates_and_models_only() -> None:
-    from catalog.roles import RIGHTS
+def test_the_gateway_reads_keys_rates_and_models_and_writes_only_its_tinker_rows() -> None:
+    from catalog.roles import RIGHTS, TINKER
 
     gw = RIGHTS["gateway"]
-    assert gw.modifies == () and not gw.schema
+    # the Tinker API's models, futures, calls and states, shared by its instances; nothing else
+    assert set(gw.modifies) == set(TINKER) and not gw.schema
     assert set(gw.reads) == {
         "api_keys",
         "tenant_access",
@@ -156,6 +157,7 @@ def test_the_gateway_reads_keys_rates_and_models_only() -> None:
         "revisions",
         "revisions_by_digest",
         "aliases",
+        *TINKER,
     }
 
 

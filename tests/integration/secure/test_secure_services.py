@@ -283,6 +283,15 @@ def test_cassandra_roles_modify_only_their_own_tables(secure) -> None:
         assert [m.id for m in d.models("acme")] == ["math@prod"]
         with pytest.raises(Unauthorized):  # nor does it read the controller's state
             session.execute(f"SELECT * FROM {secure.keyspace}.worker_state LIMIT 1")
+        # the Tinker API's shared rows are the gateway's own: it writes them, and nothing else
+        from catalog.tinker_calls import ModelRecord, TinkerCalls
+
+        calls = TinkerCalls(session, secure.keyspace)
+        model = ModelRecord("tk00000000:train:0", "tk00000000-0", "base", 8, True, True)
+        calls.add_model("acme", model)
+        assert calls.model("acme", model.policy) == model
+        with pytest.raises(Unauthorized):
+            session.execute(f"DELETE FROM {secure.keyspace}.api_keys WHERE key_id = 'x'")
     finally:
         cluster.shutdown()
 

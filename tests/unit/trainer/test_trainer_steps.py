@@ -92,7 +92,8 @@ def test_create_is_idempotent_and_refuses_another_shape(service):
     env, first = call(service, "p", "create", lora=LORA, seed=0)
     assert first.event_type == "train.step.completed"
     again_env, again = call(service, "p", "create", event_id=env.event_id, lora=LORA, seed=0)
-    assert again == first  # redelivered: the remembered answer, re-sent as the same event
+    # redelivered: the remembered answer, re-sent as the same event (to this copy's request id)
+    assert again == first.model_copy(update={"request_id": again_env.payload.request_id})
     sent = answers(service, env)
     assert len(sent) == 2 and {e.event_id for e in sent} == {derived_id(env.event_id, "step")}
     _, asked_again = call(service, "p", "create", lora=LORA, seed=0)
