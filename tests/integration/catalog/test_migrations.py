@@ -34,10 +34,12 @@ def test_migrate_creates_every_table_once_and_is_idempotent(fresh_keyspace, base
         )
     }
     # The projection's tables, the migrations' record, stream processors' state (and the
-    # controller's canary joins), and the gateway's access configuration (rates, API keys).
+    # controller's canary joins), the gateway's access configuration (rates, API keys) and the
+    # Tinker API's rows its instances share.
     access = {"tenant_access", "api_keys", "api_keys_by_tenant"}
     state = {"worker_state", "canary_answers"}
-    assert set(TABLES) | {"schema_migrations"} | state | access == tables
+    tinker = {"tinker_models", "tinker_futures", "tinker_calls", "tinker_states"}
+    assert set(TABLES) | {"schema_migrations"} | state | access | tinker == tables
     assert migrate(session, ks, base_settings.keyspace_replication) == []
     assert applied_versions(session, ks) == versions
 
