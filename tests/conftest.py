@@ -22,11 +22,15 @@ TESTS = Path(__file__).parent
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tier markers follow the folder: tests/unit, tests/integration, tests/e2e."""
+    """Tier markers follow the folder: tests/unit, tests/integration, tests/e2e. Every e2e test
+    is also ``slow`` (each module starts worker processes, most a vLLM engine), so that
+    ``pytest -m "not slow"`` is the quick tier: unit tests and the quick integration tests."""
     for item in items:
         tier = Path(item.fspath).relative_to(TESTS).parts[0]
         if tier in ("unit", "integration", "e2e"):
             item.add_marker(getattr(pytest.mark, tier))
+        if tier == "e2e":
+            item.add_marker(pytest.mark.slow)
 
 
 def _service_missing(what: str) -> None:

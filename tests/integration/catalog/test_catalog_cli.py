@@ -16,6 +16,9 @@ from workers.controller.worker import run_controller
 
 from .conftest import digest_of
 
+# slow: over 9 s a module here (worker processes, own services, waits); `-m "not slow"` skips it
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def cli(settings, cassandra_cluster):

@@ -23,6 +23,10 @@ from schemas.settings import PROJECT_ROOT
 
 from .conftest import digest_of
 
+# slow: over 9 s a module here (worker processes, own services, waits); `-m "not slow"` skips it
+pytestmark = pytest.mark.slow
+
+
 CREATED = "2025-03-04T05:06:07.089Z"
 
 

@@ -8,7 +8,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from schemas.settings import PROJECT_ROOT, MintSettings
+
+# slow: over 9 s a module here (worker processes, own services, waits); `-m "not slow"` skips it
+pytestmark = pytest.mark.slow
 
 
 def test_catalog_scale_smoke(cassandra_cluster):

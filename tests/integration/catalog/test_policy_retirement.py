@@ -27,6 +27,10 @@ from workers.projector import read_log, run_projector
 from .test_projection import command, export
 
 TENANT, POLICY = "acme", "old-rl"
+# slow: over 9 s a module here (worker processes, own services, waits); `-m "not slow"` skips it
+pytestmark = pytest.mark.slow
+
+
 PID = f"{TENANT}/{POLICY}"
 
 

@@ -20,6 +20,9 @@ from workers.projector import LogStats, read_log, run_projector
 
 from .test_projection import T0, command, export
 
+# slow: over 9 s a module here (worker processes, own services, waits); `-m "not slow"` skips it
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("parallel", [1, 4], ids=["one-by-one", "runs-of-a-policy"])
 def test_projector_applies_log_with_duplicates_and_rebuild_matches(

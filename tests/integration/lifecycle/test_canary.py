@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+
 from catalog.repository import CatalogRepository
 from catalog.state import StateTable
 from mint.sdk import MintClient
@@ -30,6 +32,10 @@ from tests.integration.lifecycle.test_controller import export
 from workers.controller.canary_view import CANARY_STATE, CanaryView, canary_key
 from workers.controller.logic import CONFIGS_STATE
 from workers.serving.resolution import route
+
+# slow: over 9 s a module here (worker processes, own services, waits); `-m "not slow"` skips it
+pytestmark = pytest.mark.slow
+
 
 RULE = CanaryRule(min_answers=12, min_scores=12)
 

@@ -19,6 +19,10 @@ from streams.producer import EventProducer
 from tests.integration.lifecycle._helpers import wait_until
 from tests.integration.lifecycle._replay import assert_catalog_equals_replay
 
+# slow: over 9 s a module here (worker processes, own services, waits); `-m "not slow"` skips it
+pytestmark = pytest.mark.slow
+
+
 FP = "sha256:" + "cd" * 32
 
 

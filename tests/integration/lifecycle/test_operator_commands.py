@@ -24,6 +24,9 @@ from tests.integration.lifecycle._replay import assert_catalog_equals_replay
 from tests.integration.lifecycle.test_controller import answer, export
 from workers.controller.logic import LIFECYCLE_STATE, RECENT
 
+# slow: over 9 s a module here (worker processes, own services, waits); `-m "not slow"` skips it
+pytestmark = pytest.mark.slow
+
 
 def mint(settings, *args: str, **env: str) -> subprocess.CompletedProcess:
     if args[:2] == ("catalog", "promote"):  # the controller may still be starting on a busy CPU

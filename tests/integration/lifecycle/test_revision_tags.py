@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from catalog.repository import CatalogRepository
 from mint.sdk import MintClient
 from streams.producer import EventProducer
@@ -17,6 +19,9 @@ from tests.integration.lifecycle._replay import assert_catalog_equals_replay
 from tests.integration.lifecycle.test_controller import export
 from tests.integration.lifecycle.test_operator_commands import mint
 from workers.projector import read_log
+
+# slow: over 9 s a module here (worker processes, own services, waits); `-m "not slow"` skips it
+pytestmark = pytest.mark.slow
 
 
 def _tag(settings, *args: str) -> str:

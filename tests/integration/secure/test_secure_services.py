@@ -19,7 +19,8 @@ from schemas.events import InferCompleted, InferRequested, PromoteCommand
 from schemas.registry import encode_event
 from schemas.settings import MintSettings
 
-pytestmark = pytest.mark.integration
+# slow: over 9 s a module here (worker processes, own services, waits); `-m "not slow"` skips it
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,10 @@ from streams import EventProducer, ensure_topics
 from streams.deferred import DeferredWork
 from streams.group import ConsumerLoop
 
+# slow: over 9 s a module here (worker processes, own services, waits); `-m "not slow"` skips it
+pytestmark = pytest.mark.slow
+
+
 ANSWERS = {"infer.requests": "infer.results"}
 
 

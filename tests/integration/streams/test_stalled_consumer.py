@@ -19,7 +19,8 @@ from streams.follower import Follower
 from streams.group import ConsumerLoop
 from streams.metrics import RESTARTS
 
-pytestmark = pytest.mark.integration
+# slow: over 9 s a module here (worker processes, own services, waits); `-m "not slow"` skips it
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def _promote(policy: str):

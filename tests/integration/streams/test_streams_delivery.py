@@ -9,6 +9,8 @@ import threading
 import time
 from collections import defaultdict
 
+import pytest
+
 from schemas import encode_event
 from schemas.envelope import make_event
 from schemas.events import DeadLetter
@@ -16,6 +18,9 @@ from schemas.examples import example_payload
 from schemas.settings import MintSettings
 from streams import EventProducer, RetryPolicy, ensure_topics, run_consumer
 from tests.integration.streams._streams_helpers import promote, read_topic, start_worker, wait_until
+
+# slow: over 9 s a module here (worker processes, own services, waits); `-m "not slow"` skips it
+pytestmark = pytest.mark.slow
 
 
 def test_topics_are_created_idempotently_with_registry_settings(settings: MintSettings) -> None:

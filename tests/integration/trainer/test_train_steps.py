@@ -8,6 +8,8 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import pytest
+
 from catalog.repository import CatalogRepository
 from schemas import make_event
 from schemas.events import LoraSpec
@@ -17,6 +19,10 @@ from streams.producer import EventProducer
 from streams.records import RetryPolicy
 from workers.trainer import TrainerConfig
 from workers.trainer.worker import derived_id, run_trainer
+
+# slow: over 9 s a module here (worker processes, own services, waits); `-m "not slow"` skips it
+pytestmark = pytest.mark.slow
+
 
 TENANT = "acme"
 BATCH = [

@@ -23,6 +23,10 @@ from workers.trainer.worker import derived_id, run_trainer
 TENANT, POLICY = "acme", "math-sft"
 
 
+# slow: over 9 s a module here (worker processes, own services, waits); `-m "not slow"` skips it
+pytestmark = pytest.mark.slow
+
+
 def write_data(settings, name: str, rows: list[dict]) -> str:
     path = Path(settings.adapter_store_root) / TENANT / POLICY / "data" / name
     path.parent.mkdir(parents=True, exist_ok=True)
