@@ -48,6 +48,12 @@ class BadRequest(ApiError):
     status, type, code = 400, "invalid_request_error", "invalid_value"
 
 
+class RequestTooLarge(BadRequest):
+    """400: a body past the route's limit (read_body); a route may answer it otherwise."""
+
+    code = "request_too_large"
+
+
 class Unauthorized(ApiError):
     status, type, code = 401, "invalid_request_error", "invalid_api_key"
 

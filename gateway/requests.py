@@ -8,25 +8,21 @@ from __future__ import annotations
 
 from fastapi import Request
 
-from gateway.errors import BadRequest
+from gateway.errors import RequestTooLarge
 
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The body, refused past ``limit`` bytes without reading more than that."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        raise BadRequest(
-            f"the request body is {declared} bytes; this gateway takes at most {limit}",
-            code="request_too_large",
+        raise RequestTooLarge(
+            f"the request body is {declared} bytes; this gateway takes at most {limit}"
         )
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise BadRequest(
-                f"the request body is over {limit} bytes, this gateway's limit",
-                code="request_too_large",
-            )
+            raise RequestTooLarge(f"the request body is over {limit} bytes, this gateway's limit")
         chunks.append(chunk)
     return b"".join(chunks)
 

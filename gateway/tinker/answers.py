@@ -22,7 +22,6 @@ import structlog
 
 from catalog.exceptions import CatalogUnavailable
 from gateway.errors import ApiError, Unavailable
-from gateway.tinker.calls import remember
 from gateway.tinker.futures import Entry, Failed, Finisher, FuturesTable, Outcome
 from gateway.tinker.shared import FutureRecord, SharedCalls, entry_of, outcome_of, record_of
 
@@ -46,7 +45,6 @@ class Answers:
     ) -> None:
         self.futures, self.shared, self.retry_after_s = futures, shared, retry_after_s
         futures.finish, futures.record, futures.lookup = finish, self.record, self.lookup
-        self._calls: dict[uuid.UUID, str] = {}  # a call's event id → its future's request id
 
     async def io(self, fn: Callable[..., T], *args: Any) -> T:
         """A blocking read or write of the shared rows, off the event loop; an outage of the
@@ -62,7 +60,7 @@ class Answers:
     async def first_of(self, tenant: str, event_id: uuid.UUID) -> str | None:
         """The request id of an earlier copy of this call, if its future stands (pending or
         answered; not one that never reached the broker)."""
-        first = self._calls.get(event_id) or await self.io(self.shared.call, tenant, event_id)
+        first = await self.io(self.shared.call, tenant, event_id)
         if first is None:
             return None
         entry = self.futures.get(first, tenant)
@@ -87,7 +85,6 @@ class Answers:
         await self.io(self.shared.add_future, tenant, record_of(entry, lease_until=lease))
         if event_id is not None:
             await self.io(self.shared.add_call, tenant, event_id, request_id)
-            remember(self._calls, event_id, request_id)
         return entry
 
     async def settle(self, entry: Entry, outcome: Outcome) -> None:
@@ -117,8 +114,12 @@ class Answers:
         """Renew ``entry``'s lease until cancelled (a task beside the sample it runs)."""
         while True:
             await asyncio.sleep(LEASE_S / 3)
-            with contextlib.suppress(ApiError):  # (missed once: the next renewal may land)
+            try:
                 await self.io(self.shared.renew, entry.tenant, entry.request_id, lease_end())
+            except ApiError as e:  # the next renewal may land; if none does, another takes over
+                log.warning(
+                    "tinker sample lease not renewed", request_id=entry.request_id, error=e.message
+                )
 
     async def retrieve(
         self, tenant: str, request_id: str, adopt: Adopt | None = None

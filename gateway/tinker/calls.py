@@ -60,11 +60,11 @@ def policy_of(model_id: str) -> str | None:
     return f"{found['session']}-{int(found['seq'])}" if found else None
 
 
-def remember(table: dict[Any, V], key: Any, value: V) -> V:
-    """``table[key] = value``, the oldest entry dropped past MAX_REMEMBERED (a cache: what is
+def remember(table: dict[Any, V], key: Any, value: V, limit: int = MAX_REMEMBERED) -> V:
+    """``table[key] = value``, the oldest entry dropped past ``limit`` (a cache: what is
     dropped is read again from the shared rows)."""
     table.pop(key, None)
     table[key] = value
-    while len(table) > MAX_REMEMBERED:
+    while len(table) > limit:
         del table[next(iter(table))]
     return value

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 
 from gateway.api import parse_json
 from gateway.auth import Caller
-from gateway.errors import ApiError, BadRequest, Unavailable
+from gateway.errors import ApiError, BadRequest, RequestTooLarge, Unavailable
 from gateway.requests import read_body
 from gateway.tinker import bodies as b
 from gateway.tinker.calls import CallKey
@@ -99,9 +99,7 @@ def build_router(api: TinkerApi) -> APIRouter:
     async def proto_body(request: Request) -> bytes:
         try:
             return await read_body(request, MAX_FWDBWD_BODY_BYTES)
-        except BadRequest as e:
-            if e.code != BodyTooLarge.code:
-                raise
+        except RequestTooLarge as e:  # a 413 here: the SDK does not retry it
             raise BodyTooLarge(
                 f"forward_backward: {e.message} ({MAX_FWDBWD_BODY_BYTES // 1024} KiB per call). "
                 "The SDK splits a batch into calls of at most "
@@ -224,7 +222,7 @@ def build_router(api: TinkerApi) -> APIRouter:
     async def asample(request: Request) -> JSONResponse:
         who = await caller(request, admit=True)
         req = _validated(b.SampleRequest, await body(request))
-        return JSONResponse(await api.sample(who.tenant, req))
+        return JSONResponse(await api.sample(who.tenant, req, _call(request, req.seq_id)))
 
     @router.post("/retrieve_future")
     async def retrieve_future(request: Request) -> Response:

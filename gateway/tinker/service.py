@@ -335,7 +335,11 @@ class TinkerApi:
         base = self.base_models[0] if self.base_models else ""
         return {"sampler_id": sampler, "base_model": base, "model_path": None}
 
-    async def sample(self, tenant: str, req: SampleRequest) -> dict[str, Any]:
+    async def sample(
+        self, tenant: str, req: SampleRequest, call: CallKey | None = None
+    ) -> dict[str, Any]:
+        """Start a sample on the engines; a copy the SDK sends again answers the first one's
+        future (sampling changes nothing, but it costs the engines the same work again)."""
         sid = req.sampling_session_id
         if sid is None and req.model_path is not None:
             sid = await self.sampling_session(tenant, req.model_path)
@@ -346,12 +350,18 @@ class TinkerApi:
             )
         policy, revision = found["policy"], int(found["rev"])
         await self._check_policy(tenant, policy, str(sid))
-        request_id = self._request_id()
+        event_id = call.event_id(tenant, str(sid), "sample") if call else None
+        first = await self.answers.first_of(tenant, event_id) if event_id else None
+        request_id = first or self._request_id()
+        ids = [f"{request_id}.{i}" for i in range(req.num_samples)]
+        if first is not None:
+            return {"request_id": first, "sample_sequence_ids": ids}
         payloads = sampling.infer_requests(req, revision, request_id, self.gw.config)
         context = {"sample": sampling.sample_context(payloads, policy, revision)}
-        entry = await self.answers.open(request_id, tenant, "sample", leased=True, **context)
+        entry = await self.answers.open(
+            request_id, tenant, "sample", event_id, leased=True, **context
+        )
         self._start_sample(entry, Ref(tenant, policy, revision=revision), payloads)
-        ids = [f"{request_id}.{i}" for i in range(req.num_samples)]
         return {"request_id": request_id, "sample_sequence_ids": ids}
 
     def _start_sample(self, entry: Entry, ref: Ref, payloads: list[InferRequested]) -> None:

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from catalog.tinker_calls import FutureRecord, ModelRecord
+from gateway.tinker.calls import remember
 from gateway.tinker.futures import Done, Entry, Failed, Outcome
 
 __all__ = ["FutureRecord", "MemoryCalls", "ModelRecord", "SharedCalls", "outcome_of", "record_of"]
@@ -46,10 +47,7 @@ class MemoryCalls:
 
     def _put(self, key: tuple[str, str, Any], value: Any) -> None:
         with self._lock:
-            self._rows.pop(key, None)
-            self._rows[key] = value
-            while len(self._rows) > self.max_rows:
-                del self._rows[next(iter(self._rows))]
+            remember(self._rows, key, value, self.max_rows)
 
     def _get(self, key: tuple[str, str, Any]) -> Any:
         with self._lock:

@@ -160,3 +160,27 @@ def test_num_samples_keeps_the_gateways_limit_and_engine_requests_expire(world) 
     sampler.sample(prompt, num_samples=8, sampling_params=types.SamplingParams()).result()
     assert len(engines.seen) == 8
     assert all(e.payload.expires_at is not None for e in engines.seen)
+
+
+def test_a_resent_sample_answers_the_first_future_and_runs_once(world) -> None:
+    catalog, engines, _, url = world
+    _, tc = _model(catalog, url)
+    path = tc.save_weights_for_sampler("s").result().path
+    acme = _auth(catalog, "acme")
+    body = {
+        "model_path": path,
+        "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]},
+        "sampling_params": {"max_tokens": 4},
+        "num_samples": 2,
+        "seq_id": 5,
+    }
+    with httpx.Client(base_url=url, timeout=10) as raw:
+        once = acme | {"X-Idempotency-Key": "stainless-python-retry-s"}
+        first = raw.post("/api/v1/asample", json=body, headers=once).json()
+        again = raw.post("/api/v1/asample", json=body, headers=once).json()
+        assert again == first
+        other = raw.post(
+            "/api/v1/asample", json=body, headers=acme | {"X-Idempotency-Key": "another"}
+        ).json()
+    assert other["request_id"] != first["request_id"]
+    assert len(engines.seen) == 4  # two calls of two samples: the copy ran nothing
