@@ -55,7 +55,7 @@ class Deployment:
 
     def start(self) -> None:
         """Everything up: the engine starts first (the slowest) and the rest beside it."""
-        from benchmarks.gateway_latency import start_gateway, wait_ready
+        from benchmarks._harness import start_gateway, wait_ready
         from catalog.cluster import connect
         from mint.dev.workers import Workers
         from streams.producer import EventProducer

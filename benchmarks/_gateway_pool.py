@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks._harness import start_gateway, wait_ready
 from benchmarks._round_robin import RoundRobin
-from benchmarks.gateway_latency import start_gateway, wait_ready
 
 
 class GatewayPool:

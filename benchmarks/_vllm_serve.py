@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from benchmarks._harness import stop_group
 
 
 def free_port() -> int:
@@ -23,16 +24,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def stop_group(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
-    """SIGTERM to the process group of ``proc`` (started with ``start_new_session``), SIGKILL to
-    what is left after ``timeout_s``: an engine core that outlived its parent goes too."""
-    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 30.0)):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=wait_s)
 
 
 class VllmServe:

@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.report import targets_and_met  # noqa: E402
+from benchmarks._harness import targets_and_met  # noqa: E402
 
 PROMPTS = ["hello world", "the cat sat", "2 + 2 =", "once upon a time", "red green blue"]
 TARGET_DEMAND_OVER_FIFO = 3.0  # demand-grouped / FIFO requests per second, at least

@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 
-from benchmarks.report import targets_and_met
+from benchmarks._harness import targets_and_met
 from schemas import decode_event, encode_event, make_event
 from schemas.examples import example_payload
 from schemas.logs import configure_logging

@@ -19,34 +19,37 @@ added p50 ≤ 15 ms).
 
 from __future__ import annotations
 
-import argparse
-import json
+import contextlib
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.report import targets_and_met  # noqa: E402
+from benchmarks._harness import (  # noqa: E402
+    emit,
+    machine,
+    parser,
+    pct,
+    run_settings,
+    run_space,
+    start_gateway,
+    stop_group,
+    targets_and_met,
+    wait_ready,
+)
+
+__all__ = ["start_gateway", "wait_ready"]  # moved to the harness; named here as before
 
 TARGET_ADDED_P50_MS = 15.0
 PROMPT = "the cat sat on the"
-
-
-def pct(values: list[float], q: float) -> float:
-    """The q-quantile (nearest rank) of ``values``."""
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
 def make_adapter(model: Path, out: Path) -> Path:
@@ -72,58 +75,8 @@ def make_adapter(model: Path, out: Path) -> Path:
     return out
 
 
-def start_gateway(
-    settings, log: Path, model: Path = Path("."), *, port: int | None = None, name: str = "bench-gw"
-):
-    """`mint gateway` as its own process; ``model`` is the base it offers (MINT_BASE_MODEL);
-    ``port``: a free one unless given (a restarted instance takes its old one); ``name``: its
-    instance id."""
-    from gateway.main import _free_port
-    from mint.dev.workers import Workers
-
-    port = port or _free_port("127.0.0.1")
-    env = Workers(settings, model, log.parent).env()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mint.cli",
-            "--log-format",
-            "json",
-            "gateway",
-            "--port",
-            str(port),
-            "--instance-id",
-            name,
-        ],
-        env=env,
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        cwd=ROOT,
-    )
-    return proc, f"http://127.0.0.1:{port}"
-
-
-def wait_ready(url: str, proc, log: Path, timeout_s: float = 120.0) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"mint gateway exited: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"mint gateway did not get ready: {log.read_text()[-2000:]}")
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--smoke", action="store_true", help="20 pairs, 64 concurrent requests")
+    ap = parser(__doc__, "20 pairs, 64 concurrent requests")
     ap.add_argument("--requests", type=int, default=None, help="sequential pairs")
     ap.add_argument("--concurrent-requests", type=int, default=None)
     ap.add_argument("--clients", type=int, default=16, help="concurrent HTTP clients")
@@ -140,14 +93,10 @@ def main() -> None:
 
     from catalog.access import AccessRepository
     from catalog.artifacts import model_fingerprint
-    from catalog.cluster import connect
-    from catalog.migrate import migrate
     from catalog.models import Resolved
     from catalog.repository import CatalogRepository
     from catalog.store import AdapterStore
     from schemas.logs import configure_logging
-    from schemas.settings import MintSettings
-    from streams.topics import ensure_topics
     from workers.models import TinySpec, build_tiny
     from workers.serving.core import ServingCore
     from workers.serving.engine import EngineConfig, GenRequest, VllmEngine
@@ -158,21 +107,12 @@ def main() -> None:
     configure_logging("WARNING", "console")
     structlog.get_logger()
     work = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
-    tag = uuid.uuid4().hex[:8]
-    settings = MintSettings().model_copy(
-        update={
-            "topic_prefix": f"bench-gw-{tag}",
-            "keyspace": f"bench_gw_{tag}",
-            "store_uri": str(work / "store"),
-            "state_dir": work / "state",
-        }
-    )
-    ensure_topics(settings)
-    cluster, session = connect(settings)
+    settings = run_settings("gw", work)
     engine = serving = gateway = None
     stop = threading.Event()
+    space = contextlib.ExitStack()  # the run's topics and keyspace, dropped in the finally
+    session = space.enter_context(run_space(settings))
     try:
-        migrate(session, settings.keyspace, settings.keyspace_replication)
         model = build_tiny(TinySpec("llama", "test"), work / "llama")
         adapter = make_adapter(model, work / "adapter")
         repo = CatalogRepository(session, settings.keyspace)
@@ -298,51 +238,43 @@ def main() -> None:
             c.close()
 
         added_p50 = pct(added, 0.5)
-        print(
-            json.dumps(
-                {
-                    "benchmark": "gateway_latency",
-                    "smoke": args.smoke,
-                    "model": "tiny-llama (test)",
-                    "max_tokens": args.max_tokens,
-                    "pairs": pairs,
-                    "clients": args.clients,
-                    "concurrent_requests": total,
-                    "errors": errors,
-                    "same_answer": same_as_direct,
-                    "direct_p50_ms": round(pct(direct_ms, 0.5), 2),
-                    "direct_p99_ms": round(pct(direct_ms, 0.99), 2),
-                    "gateway_p50_ms": round(pct(gw_ms, 0.5), 2),
-                    "gateway_p99_ms": round(pct(gw_ms, 0.99), 2),
-                    "added_p50_ms": round(added_p50, 2),
-                    "added_p99_ms": round(pct(added, 0.99), 2),
-                    "added_mean_ms": round(statistics.fmean(added), 2),
-                    "outside_engine_p50_ms": round(pct(outside, 0.5), 2),
-                    "outside_engine_p99_ms": round(pct(outside, 0.99), 2),
-                    "gateway_rps": round(gateway_rps, 1),
-                    "inprocess_batch_rps": round(inprocess_rps, 1),
-                    "inprocess_threads_rps": round(inprocess_threads_rps, 1),
-                    "gateway_over_inprocess_rps": round(gateway_rps / inprocess_rps, 3),
-                    "load_1m": round(os.getloadavg()[0], 2),
-                    "cpus": os.cpu_count(),
-                    **targets_and_met(added_p50_ms=(added_p50, "<=", TARGET_ADDED_P50_MS)),
-                }
-            )
+        emit(
+            {
+                "benchmark": "gateway_latency",
+                "smoke": args.smoke,
+                "model": "tiny-llama (test)",
+                "max_tokens": args.max_tokens,
+                "pairs": pairs,
+                "clients": args.clients,
+                "concurrent_requests": total,
+                "errors": errors,
+                "same_answer": same_as_direct,
+                "direct_p50_ms": round(pct(direct_ms, 0.5), 2),
+                "direct_p99_ms": round(pct(direct_ms, 0.99), 2),
+                "gateway_p50_ms": round(pct(gw_ms, 0.5), 2),
+                "gateway_p99_ms": round(pct(gw_ms, 0.99), 2),
+                "added_p50_ms": round(added_p50, 2),
+                "added_p99_ms": round(pct(added, 0.99), 2),
+                "added_mean_ms": round(statistics.fmean(added), 2),
+                "outside_engine_p50_ms": round(pct(outside, 0.5), 2),
+                "outside_engine_p99_ms": round(pct(outside, 0.99), 2),
+                "gateway_rps": round(gateway_rps, 1),
+                "inprocess_batch_rps": round(inprocess_rps, 1),
+                "inprocess_threads_rps": round(inprocess_threads_rps, 1),
+                "gateway_over_inprocess_rps": round(gateway_rps / inprocess_rps, 3),
+                **machine(),
+                **targets_and_met(added_p50_ms=(added_p50, "<=", TARGET_ADDED_P50_MS)),
+            }
         )
     finally:
         stop.set()
         if gateway is not None:
-            os.killpg(gateway.pid, signal.SIGTERM)
-            try:
-                gateway.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(gateway.pid, signal.SIGKILL)
+            stop_group(gateway, timeout_s=20)
         if serving is not None:
             serving.join(timeout=30)  # the worker's loop sees stop and closes its consumers
         if engine is not None:
             engine.close()
-        session.execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}", timeout=60)
-        cluster.shutdown()
+        space.close()
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.report import targets_and_met  # noqa: E402
+from benchmarks._harness import targets_and_met  # noqa: E402
 
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PROMPTS = ["question: 1 plus 2", "hello world", "the model", "red green blue"]

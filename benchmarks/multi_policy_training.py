@@ -332,7 +332,7 @@ def main() -> None:
 def _versus(seq: dict, conc: dict) -> dict:
     """The line's two ratios, sequential / concurrent wall time and concurrent / sequential peak
     memory, rounded, with their ``targets`` and ``met``."""
-    from benchmarks.report import targets_and_met
+    from benchmarks._harness import targets_and_met
 
     wall_ratio = seq["wall_s"] / conc["wall_s"]
     rss_ratio = conc["peak_rss_mb"] / seq["peak_rss_mb"]

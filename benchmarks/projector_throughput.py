@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.report import targets_and_met  # noqa: E402
+from benchmarks._harness import targets_and_met  # noqa: E402
 
 TARGET_REVISIONS_PER_S = 1_000
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import operator
 import os
 import subprocess
 import sys
@@ -42,6 +41,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks._harness import targets_and_met  # noqa: E402
+
+__all__ = ["targets_and_met"]  # the harness's; benchmarks' lines are judged in its shape
 HERE = Path(__file__).resolve().parent
 
 # Lines with one scalar target and one ``met``: (figure key, target key) pairs it is about.
@@ -75,16 +79,6 @@ class Row:
 def failed(benchmark: str, command: str, error: str, smoke: bool = False) -> Row:
     """The one row of a run or a saved line that gave no figures, with the reason."""
     return Row(benchmark, "—", None, None, None, command, smoke=smoke, error=error)
-
-
-def targets_and_met(**checks: tuple[float, str, float]) -> dict[str, dict]:
-    """A line's ``targets`` and ``met`` in the shape this report reads: ``figure=(measured, op,
-    target)`` with op ``>=`` or ``<=``, judged on the measurement before it is rounded."""
-    holds = {">=": operator.ge, "<=": operator.le}
-    return {
-        "targets": {figure: target for figure, (_, _, target) in checks.items()},
-        "met": {figure: holds[op](m, target) for figure, (m, op, target) in checks.items()},
-    }
 
 
 def default_command(name: str, smoke: bool) -> str:

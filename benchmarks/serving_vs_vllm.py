@@ -44,6 +44,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._harness import targets_and_met  # noqa: E402
 from benchmarks._openai_load import (  # noqa: E402
     Run,
     chat_prompts,
@@ -53,7 +54,6 @@ from benchmarks._openai_load import (  # noqa: E402
     run_load,
     same_text_share,
 )
-from benchmarks.report import targets_and_met  # noqa: E402
 
 TARGET_TPS_RATIO = 0.9
 TARGET_TTFT_DIFF_MS = 25.0
@@ -234,8 +234,7 @@ def mint_stack(
         prepare,
         run_settings,
     )
-    from benchmarks._vllm_serve import stop_group
-    from benchmarks.gateway_latency import start_gateway, wait_ready
+    from benchmarks._harness import start_gateway, stop_group, wait_ready
     from catalog.access import AccessRepository
     from catalog.artifacts import model_fingerprint
     from catalog.cluster import connect

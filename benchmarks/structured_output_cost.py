@@ -31,8 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._harness import targets_and_met  # noqa: E402
 from benchmarks._openai_load import TOPICS  # noqa: E402
-from benchmarks.report import targets_and_met  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 TENANT, POLICY = "bench", "so"

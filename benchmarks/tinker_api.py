@@ -25,25 +25,18 @@ a call applied twice, or lost, shows there). Targets: all three 0.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
-import shutil
-import signal
 import statistics
 import sys
-import tempfile
 import time
-import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._gateway_pool import Faults, GatewayPool, kill_kafka, kill_trainer  # noqa: E402
-from benchmarks.gateway_latency import pct, start_gateway, wait_ready  # noqa: E402
-from benchmarks.report import targets_and_met  # noqa: E402
+from benchmarks._harness import emit, parser, pct, targets_and_met, trainer_run  # noqa: E402
 
 TARGET_OVERHEAD = 1.25
 ATTN_MLP = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -57,8 +50,7 @@ def sequences(tokenizer, count: int, length: int) -> list[list[int]]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--smoke", action="store_true", help="tiny Llama, 2 × 32 tokens, 3 steps")
+    ap = parser(__doc__, "tiny Llama, 2 × 32 tokens, 3 steps")
     ap.add_argument("--steps", type=int, default=None, help="timed steps per path (default 10)")
     ap.add_argument("--sequences", type=int, default=None, help="sequences per step (default 8)")
     ap.add_argument("--tokens", type=int, default=None, help="tokens per sequence (default 128)")
@@ -92,60 +84,34 @@ def main() -> int:
     length = args.tokens or (32 if args.smoke else 128)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+    from schemas.logs import configure_logging
+
+    configure_logging("WARNING", "console")
+    with trainer_run("tk", args.smoke, args.threads) as run:
+        return measure(args, run, steps, count, length, kill_every, min_kills)
+
+
+def measure(args, run, steps: int, count: int, length: int, kill_every: float, min_kills: int):
+    """The SDK's steps beside the in-process trainer's, on ``run`` (the trainer worker up)."""
     import tinker
     import torch
     from tinker import types
     from transformers import AutoTokenizer
 
-    from catalog.access import AccessRepository
-    from catalog.cluster import connect
-    from catalog.migrate import migrate
     from catalog.store import AdapterStore
-    from mint.dev.workers import Sizes, Workers
     from schemas.events.steps import StepDatum
-    from schemas.logs import configure_logging
-    from schemas.settings import MintSettings
-    from streams.topics import delete_topics, ensure_topics
-    from workers.models import TinySpec, build_tiny
     from workers.trainer.config import TrainerConfig
     from workers.trainer.engine import MultiPolicyTrainer
     from workers.trainer.policies import LoraShape
 
-    configure_logging("WARNING", "console")
-    work = Path(tempfile.mkdtemp(prefix="mint-tinker-bench-"))
-    tag = uuid.uuid4().hex[:8]
-    base = MintSettings()
-    if args.smoke:
-        model, model_name = build_tiny(TinySpec("llama", "test"), work / "llama"), "tiny-llama"
-    else:
-        from workers.models.pretrained import fetch
-
-        model, model_name = fetch("smollm2-135m-instruct", base.models_dir), "smollm2-135m"
-    settings = base.model_copy(
-        update={
-            "topic_prefix": f"bench-tk-{tag}",
-            "keyspace": f"bench_tk_{tag}",
-            "store_uri": str(work / "store"),
-            "state_dir": work / "state",
-            "base_model": str(model),
-        }
-    )
-    ensure_topics(settings)
-    cluster, session = connect(settings)
-    workers = gateway = trainer = pool = faults_thread = None
+    model, work = run.model, run.work
+    trainer = pool = faults_thread = None
     try:
-        migrate(session, settings.keyspace, settings.keyspace_replication)
-        access = AccessRepository(session, settings.keyspace)
-        access.create_tenant("bench", rate_per_s=1e6, burst=1_000_000)
-        key, _ = access.create_key("bench", name="bench")
-        workers = Workers(settings, model, work / "logs", Sizes(trainer_threads=args.threads))
-        workers.start_worker("trainer")
         if args.gateways > 1:
-            pool = GatewayPool(settings, work / "logs", model, args.gateways)
+            pool = GatewayPool(run.settings, work / "logs", model, args.gateways)
             url = pool.url
         else:
-            gateway, url = start_gateway(settings, work / "logs" / "gateway.log", model)
-            wait_ready(url, gateway, work / "logs" / "gateway.log")
+            url = run.gateway()
 
         tokenizer = AutoTokenizer.from_pretrained(model)
         seqs = sequences(tokenizer, count, length)
@@ -164,7 +130,7 @@ def main() -> int:
         adam_fields = {"learning_rate": 1e-4, "beta1": adam.beta1, "beta2": adam.beta2}
         adam_fields |= {"eps": adam.eps, "weight_decay": 0.0, "grad_clip_norm": 0.0}
 
-        service = tinker.ServiceClient(base_url=url, api_key=f"tml-{key.text}")
+        service = tinker.ServiceClient(base_url=url, api_key=run.api_key)
         tc = service.create_lora_training_client(str(model), rank=args.rank, seed=0).result(
             timeout=900
         )
@@ -210,8 +176,8 @@ def main() -> int:
         if args.kill:
             harm = {
                 "gateway": lambda: pool.kill_next,
-                "trainer": lambda: kill_trainer(workers),
-                "kafka": lambda: kill_kafka(base),  # (the dev broker: its state folder)
+                "trainer": lambda: kill_trainer(run.workers),
+                "kafka": lambda: kill_kafka(run.base),  # (the dev broker: its state folder)
             }[args.kill]()
             faults_thread = Faults(harm, kill_every)
         for name in call_ms:
@@ -256,7 +222,7 @@ def main() -> int:
         out = {
             "benchmark": "tinker_api",
             "smoke": args.smoke,
-            "model": model_name,
+            "model": run.model_name,
             "batch": {"sequences": count, "tokens": length, "rank": args.rank},
             "steps": len(sdk_s),
             "threads": args.threads,
@@ -289,8 +255,7 @@ def main() -> int:
             **targets_and_met(**figures),
         }
         service.close("success").result(timeout=60)
-        print(json.dumps(out))
-        return 0 if all(out["met"].values()) else 1
+        return emit(out)
     finally:
         if faults_thread is not None:
             faults_thread.close()
@@ -298,18 +263,6 @@ def main() -> int:
             trainer.close()
         if pool is not None:
             pool.close()
-        if gateway is not None and gateway.poll() is None:
-            os.killpg(gateway.pid, signal.SIGTERM)
-            gateway.wait(timeout=30)
-        if workers is not None:
-            workers.stop_all()
-        session.execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}", timeout=120)
-        cluster.shutdown()
-        try:
-            delete_topics(settings)
-        except Exception as e:  # cleanup only
-            print(f"could not delete the benchmark's topics: {e}", file=sys.stderr)
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -28,16 +28,10 @@ Prints ONE JSON line.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import shutil
-import signal
 import statistics
 import sys
-import tempfile
 import time
-import uuid
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -45,8 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.gateway_latency import start_gateway, wait_ready  # noqa: E402
-from benchmarks.report import targets_and_met  # noqa: E402
+from benchmarks._harness import emit, parser, targets_and_met, trainer_run  # noqa: E402
 
 TARGET_LIFT = 0.2
 WAIT_S = 900  # the trainer loads its base on the first call, vLLM starts; CPUs are shared
@@ -101,8 +94,7 @@ def group_centred(rewards: list[float], by_std: bool) -> list[float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--smoke", action="store_true", help="tiny Llama, toy reward, 2 rounds")
+    ap = parser(__doc__, "tiny Llama, toy reward, 2 rounds")
     ap.add_argument("--rounds", type=int, default=None, help="RL rounds (default 3; smoke 2)")
     ap.add_argument("--lr", type=float, default=None, help="Adam lr (default 1.5e-3; smoke 5e-2)")
     ap.add_argument("--samples", type=int, default=8, help="samples per training prompt")
@@ -129,14 +121,7 @@ def main() -> int:
     from tinker import types
     from transformers import AutoTokenizer
 
-    from catalog.access import AccessRepository
-    from catalog.cluster import connect
-    from catalog.migrate import migrate
-    from mint.dev.workers import Sizes, Workers
     from schemas.logs import configure_logging
-    from schemas.settings import MintSettings
-    from streams.topics import delete_topics, ensure_topics
-    from workers.models import TinySpec, build_tiny
 
     configure_logging("WARNING", "console")
     started = time.perf_counter()
@@ -145,50 +130,23 @@ def main() -> int:
     def timed(name: str, t0: float) -> None:
         phase_s[name] += time.perf_counter() - t0
 
-    work = Path(tempfile.mkdtemp(prefix="mint-tinker-rl-"))
-    tag = uuid.uuid4().hex[:8]
-    base = MintSettings()
-    if args.smoke:
-        model, model_name = build_tiny(TinySpec("llama", "test"), work / "llama"), "tiny-llama"
-    else:
-        from workers.models.pretrained import fetch
-
-        model, model_name = fetch("smollm2-135m-instruct", base.models_dir), "smollm2-135m"
-    settings = base.model_copy(
-        update={
-            "topic_prefix": f"bench-tkrl-{tag}",
-            "keyspace": f"bench_tkrl_{tag}",
-            "store_uri": str(work / "store"),
-            "state_dir": work / "state",
-            "base_model": str(model),
-        }
-    )
-    ensure_topics(settings)
-    cluster, session = connect(settings)
-    workers = gateway = service = None
-    try:
-        t0 = time.perf_counter()
-        migrate(session, settings.keyspace, settings.keyspace_replication)
-        access = AccessRepository(session, settings.keyspace)
-        access.create_tenant("bench", rate_per_s=1e6, burst=1_000_000)
-        key, _ = access.create_key("bench", name="bench")
-        workers = Workers(settings, model, work / "logs", Sizes(trainer_threads=args.threads))
-        workers.start_worker("trainer")
+    t0 = time.perf_counter()
+    with trainer_run("tkrl", args.smoke, args.threads) as run:
+        model, engine_id = run.model, run.settings.topic_prefix  # unique to the run
         engine_args = SMOKE_ENGINE_ARGS if args.smoke else REAL_ENGINE_ARGS
-        workers.start(
+        run.workers.start(
             "engine",
             "serving",
-            *("--model", str(model), "--engine-id", f"tkrl-{tag}", "--dtype", "float32"),
+            *("--model", str(model), "--engine-id", engine_id, "--dtype", "float32"),
             *("--max-loras", "2", "--max-cpu-loras", "4", *engine_args),
             VLLM_CPU_OMP_THREADS_BIND="nobind",
         )
-        gateway, url = start_gateway(settings, work / "logs" / "gateway.log", model)
-        wait_ready(url, gateway, work / "logs" / "gateway.log")
+        url = run.gateway()
         task = Task(args.smoke, AutoTokenizer.from_pretrained(model))
         timed("start", t0)
 
         t0 = time.perf_counter()
-        service = tinker.ServiceClient(base_url=url, api_key=f"tml-{key.text}")
+        service = tinker.ServiceClient(base_url=url, api_key=run.api_key)
         tc = service.create_lora_training_client(str(model), rank=args.rank, seed=0).result(
             timeout=WAIT_S
         )
@@ -310,7 +268,7 @@ def main() -> int:
             "benchmark": "tinker_rl",
             "command": " ".join(["python -m benchmarks.tinker_rl", *sys.argv[1:]]),
             "smoke": args.smoke,
-            "model": model_name,
+            "model": run.model_name,
             "task": "even token ids (toy)" if args.smoke else "arithmetic (one-digit sums)",
             "rewards": (
                 {"train": "even_tokens", "held_out": "even_tokens, greedy"}
@@ -339,21 +297,7 @@ def main() -> int:
             **targets_and_met(lift=(lift, ">=", TARGET_LIFT)),
         }
         service.close("success").result(timeout=60)
-        print(json.dumps(out))
-        return 0 if all(out["met"].values()) else 1
-    finally:
-        if gateway is not None and gateway.poll() is None:
-            os.killpg(gateway.pid, signal.SIGTERM)
-            gateway.wait(timeout=30)
-        if workers is not None:
-            workers.stop_all()
-        session.execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}", timeout=120)
-        cluster.shutdown()
-        try:
-            delete_topics(settings)
-        except Exception as e:  # cleanup only
-            print(f"could not delete the benchmark's topics: {e}", file=sys.stderr)
-        shutil.rmtree(work, ignore_errors=True)
+        return emit(out)
 
 
 if __name__ == "__main__":
