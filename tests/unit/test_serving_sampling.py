@@ -12,8 +12,8 @@ import pytest
 from schemas.events.sampling import SamplingOptions, StructuredOutput
 from workers.serving.admission import truncate
 from workers.serving.exceptions import RequestRefused
-from workers.serving.generation import GenRequest
-from workers.serving.sampling import sampling_params, token_logprob
+from workers.serving.generation import GenRequest, token_logprob
+from workers.serving.sampling import sampling_params
 
 pytestmark = pytest.mark.unit
 

@@ -1,5 +1,6 @@
 """What one generation is: the request an engine runs, its result, and the stream of text a
-request hands on while vLLM generates it (``DeltaStream``)."""
+request hands on while vLLM generates it (``DeltaStream``), with vLLM's per-token
+log-probabilities as an answer carries them (``token_logprob``)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from schemas.events.sampling import SamplingOptions, TokenLogprob
-from workers.serving.sampling import token_logprob
+from schemas.events.sampling import SamplingOptions, TokenLogprob, TopLogprob
 
 
 @dataclass(frozen=True)
@@ -143,3 +144,24 @@ class DeltaStream:
 
     def result(self) -> GenResult:
         return GenResult(self.prompt_token_ids, self.samples, self.prompt_logprobs)
+
+
+def token_logprob(token_id: int, candidates: dict[int, Any], top: int) -> TokenLogprob:
+    """One position of vLLM's logprobs (token id -> Logprob(logprob, rank, decoded_token)): the
+    sampled token and its ``top`` alternatives by rank, with strings and UTF-8 bytes as
+    ``vllm serve`` returns them."""
+    own = candidates[token_id]
+    ranked = sorted(candidates.items(), key=lambda kv: kv[1].rank or 0)[:top]
+    return TokenLogprob(
+        **_entry(token_id, own), top=[TopLogprob(**_entry(t, lp)) for t, lp in ranked]
+    )
+
+
+def _entry(token_id: int, lp: Any) -> dict[str, Any]:
+    token = lp.decoded_token if lp.decoded_token is not None else ""
+    return {
+        "token_id": token_id,
+        "token": token,
+        "logprob": max(lp.logprob, -9999.0),  # -inf is not JSON; vllm serve clamps the same
+        "bytes": list(token.encode("utf-8", errors="replace")),
+    }

@@ -1,5 +1,5 @@
 """A request's sampling settings as vLLM takes them (``SamplingParams`` with
-``StructuredOutputsParams``), and vLLM's per-token log-probabilities as an answer carries them.
+``StructuredOutputsParams``).
 
 Built once at admission, so that a value vLLM refuses is that request's refusal (stage
 ``validate``, vLLM's own message) before it is submitted, and again when it runs. Compiled
@@ -9,13 +9,11 @@ backend (its compiler cache is on), so a schema sent again is not compiled again
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from schemas.events.sampling import SamplingOptions, TokenLogprob, TopLogprob
+from schemas.events.sampling import SamplingOptions
 from workers.serving.exceptions import RequestRefused
-
-if TYPE_CHECKING:
-    from workers.serving.generation import GenRequest
+from workers.serving.generation import GenRequest
 
 INVALID_VALUE = "invalid_value"
 
@@ -87,24 +85,3 @@ def sampling_params(r: GenRequest, *, delta: bool = True):
 def wants_token_logprobs(r: GenRequest) -> bool:
     """Does the answer carry tokens with strings and alternatives (``token_logprobs``)?"""
     return r.options is not None and r.options.top_logprobs is not None
-
-
-def token_logprob(token_id: int, candidates: dict[int, Any], top: int) -> TokenLogprob:
-    """One position of vLLM's logprobs (token id -> Logprob(logprob, rank, decoded_token)): the
-    sampled token and its ``top`` alternatives by rank, with strings and UTF-8 bytes as
-    ``vllm serve`` returns them."""
-    own = candidates[token_id]
-    ranked = sorted(candidates.items(), key=lambda kv: kv[1].rank or 0)[:top]
-    return TokenLogprob(
-        **_entry(token_id, own), top=[TopLogprob(**_entry(t, lp)) for t, lp in ranked]
-    )
-
-
-def _entry(token_id: int, lp: Any) -> dict[str, Any]:
-    token = lp.decoded_token if lp.decoded_token is not None else ""
-    return {
-        "token_id": token_id,
-        "token": token,
-        "logprob": max(lp.logprob, -9999.0),  # -inf is not JSON; vllm serve clamps the same
-        "bytes": list(token.encode("utf-8", errors="replace")),
-    }

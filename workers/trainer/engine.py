@@ -42,7 +42,7 @@ from workers.trainer.prefix import shared_prefix_logprobs
 from workers.trainer.step_compute import StepCompute
 
 if TYPE_CHECKING:
-    from workers.trainer.ranks import RankGroup
+    from workers.trainer.rank_group import RankGroup
 
 log = structlog.get_logger()
 

@@ -24,7 +24,7 @@ from workers.trainer.policies import PolicyState
 
 if TYPE_CHECKING:
     from workers.trainer.config import TrainerConfig
-    from workers.trainer.ranks import RankGroup
+    from workers.trainer.rank_group import RankGroup
 
 # Padded tokens per forward of a step-level call: logits are tokens x vocab floats, so memory
 # follows this, not the call's size (up to schemas.events.steps.MAX_STEP_TOKENS).

@@ -34,19 +34,25 @@ is bounded (step_limits.py): pinned policies per tenant, idle gradients, remembe
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import structlog
 
+from catalog.store import AdapterStore, StoredAdapter
 from schemas import Envelope
 from schemas.envelope import make_reply
+from schemas.events import ExportCompleted
 from schemas.events.steps import TrainStepCompleted, TrainStepFailed, TrainStepRequested
 from schemas.events.update import LoraSpec
 from streams.deferred import DeferredWork
+from streams.producer import EventProducer
 from streams.records import is_transient
 from workers.trainer import step_state
+from workers.trainer.engine import MultiPolicyTrainer
+from workers.trainer.exporting import derived_id
 from workers.trainer.losses import step_loss_config
 from workers.trainer.policies import LoraShape, PolicyState
 from workers.trainer.step_compute import NonFiniteGradients
@@ -58,10 +64,22 @@ from workers.trainer.step_limits import (
     classify,
 )
 
-if TYPE_CHECKING:
-    from workers.trainer.worker import TrainerService
-
 log = structlog.get_logger()
+
+
+class StepHost(Protocol):
+    """What StepService uses of the update handler (worker.TrainerService, which builds it):
+    named here so that worker.py imports this module and nothing imports back."""
+
+    trainer: MultiPolicyTrainer
+    store: AdapterStore
+    producer: EventProducer
+    name: str
+
+    def _policy_lock(self, policy_id: str) -> threading.Lock: ...
+    def _open_revision(self, tenant: str, policy: str, revision: int) -> StoredAdapter: ...
+    def export_revision(self, env: Envelope[Any], training: dict[str, Any]) -> dict[str, Any]: ...
+    def export_event(self, env: Envelope[Any], r: dict[str, Any]) -> Envelope[ExportCompleted]: ...
 
 
 def _shape(spec: LoraSpec) -> LoraShape:
@@ -84,7 +102,7 @@ class StepService:
     """Runs step-level calls against the trainer, store, catalog and producer of ``service``
     (the update handler, whose per-policy locks and export it shares)."""
 
-    def __init__(self, service: TrainerService) -> None:
+    def __init__(self, service: StepHost) -> None:
         self.service, self.trainer, self.store = service, service.trainer, service.store
         # Answers by command event id (the most recent, bounded), re-sent on redelivery.
         self._answers = RememberedAnswers()
@@ -218,7 +236,7 @@ class StepService:
 
     def _publish(self, env: Envelope[Any], answer: Answer) -> None:
         reply = make_reply(
-            answer, env, producer=self.service.name, event_id=_answer_id(env.event_id)
+            answer, env, producer=self.service.name, event_id=derived_id(env.event_id, "step")
         )
         self.service.producer.publish_many([reply])
 
@@ -395,9 +413,3 @@ class StepService:
         assert state is not None
         self._unsaved[pid] = str(env.event_id)
         return {"metrics": {"steps": float(state.steps)}}
-
-
-def _answer_id(event_id: Any) -> Any:
-    from workers.trainer.worker import derived_id
-
-    return derived_id(event_id, "step")
