@@ -1,8 +1,16 @@
-"""The MinT SDK: a client whose verbs are events (create_policy, train, rollout, update,
-evaluate, promote (or start a canary: ``promote(..., canary=0.1)``), rollback, canary_status,
-feedback, tag (a revision's labels), retire, infer, history, wait_for; vLLM's sampling and
-structured-output settings on infer: mint.sdk.sampling) and Tinker-style verbs on top; a tenant's
-client over HTTP with an API key alone: ``MintClient.remote(base_url, api_key)`` (mint.sdk.remote)."""
+"""The MinT SDK: one set of verbs over two transports (mint.sdk.verbs over mint.sdk.transport).
+
+- ``MintClient(settings, tenant)``: operators' direct transport, commands as Kafka events and
+  answers as the events they caused, reads from Cassandra (mint.sdk.client).
+- ``MintClient.remote(base_url, api_key)`` (``RemoteMintClient``): a tenant's HTTP transport,
+  the gateway's routes with an API key alone (mint.sdk.remote; answers: mint.sdk.remote_types).
+
+Shared, written once: promote (a canary with ``promote(..., canary=0.1)``), rollback,
+canary_status, tag, retire, feedback, infer (vLLM's sampling and structured-output settings:
+mint.sdk.sampling), policies, revisions, aliases, latest_revision. Direct only: create_policy,
+train, rollout, update, evaluate (mint.sdk.training), wait_for, events, history, evaluations,
+and the Tinker-style verbs on top (mint.sdk.tinker); HTTP only: configure (training over HTTP is
+the gateway's Tinker API)."""
 
 from mint.sdk.client import MintClient
 from mint.sdk.exceptions import (

@@ -12,36 +12,31 @@
         mint.tag("math-rl", 7, add=["reviewed"])  # the revision's tags now
         mint.retire("math-rl", reason="superseded")  # through the controller
 
-A call publishes its command and waits for the event whose ``causation_id`` is the command's id
-(the watcher was positioned at the topics' end before publishing, so no answer is missed).
-Catalog reads (revisions, aliases, history) go to Cassandra directly.
+The verbs both clients share (promote, rollback, canary_status, tag, retire, feedback, infer,
+policies, revisions, aliases, latest_revision) are mint.sdk.verbs', over the direct transport
+(mint.sdk.transport): a call publishes its command and waits for the event whose
+``causation_id`` is the command's id (the watcher was positioned at the topics' end before
+publishing, so no answer is missed), and reads go to Cassandra. Direct only: create_policy,
+the training verbs (mint.sdk.training), wait_for/wait_for_alias, events, history, evaluations,
+revision and policy; the HTTP client's own is ``configure``.
 """
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Unpack
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from catalog.store import AdapterStore
-from mint.sdk.exceptions import RequestFailed
-from mint.sdk.registry import RegistryVerbs
-from mint.sdk.sampling import SamplingFields, sampling_options
-from mint.sdk.serving import ServingVerbs
+from mint.sdk.exceptions import WaitTimeout
 from mint.sdk.training import TrainingVerbs
+from mint.sdk.transport import DirectTransport
+from mint.sdk.verbs import Verbs
 from mint.sdk.watcher import Predicate, Watcher, caused_by
 from schemas import Envelope, make_event
-from schemas.events import (
-    AliasMoved,
-    CanaryRule,
-    InferCompleted,
-    InferRequested,
-    PolicyConfigured,
-    Threshold,
-)
-from schemas.events.sampling import SamplingOptions
+from schemas.events import AliasMoved, CanaryRule, PolicyConfigured, Threshold
 from schemas.settings import MintSettings
 from streams.producer import EventProducer
 from streams.topics import ensure_topics
@@ -52,7 +47,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger()
 
 
-class MintClient(TrainingVerbs, ServingVerbs, RegistryVerbs):
+class MintClient(TrainingVerbs, Verbs):
     def __init__(
         self,
         settings: MintSettings,
@@ -85,6 +80,10 @@ class MintClient(TrainingVerbs, ServingVerbs, RegistryVerbs):
         return RemoteMintClient(base_url, api_key, **kw)
 
     # ------------------------------------------------------------------ plumbing
+
+    @property
+    def transport(self) -> DirectTransport:
+        return DirectTransport(self)  # stateless: the client's producer, watcher and catalog
 
     def send(self, policy: str, payload: Any, caused_by_env: Envelope[Any] | None = None):
         env = make_event(
@@ -183,78 +182,6 @@ class MintClient(TrainingVerbs, ServingVerbs, RegistryVerbs):
             )
         return model
 
-    def infer(
-        self,
-        policy: str,
-        prompt: str,
-        *,
-        alias: str = "prod",
-        revision: int | None = None,
-        max_tokens: int = 8,
-        temperature: float = 0.0,
-        request_id: str | None = None,
-        chat: bool = False,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        stop: Sequence[str] = (),
-        logprobs: bool = False,
-        sampling: SamplingOptions | dict[str, Any] | None = None,
-        **options: Unpack[SamplingFields],
-    ) -> InferCompleted:
-        """Answer a prompt with ``policy@alias`` (or a pinned revision): the infer.completed
-        payload; raises RequestFailed on infer.failed. ``chat`` sends the prompt as a user turn
-        of the model's chat template (instruct models).
-
-        vLLM's other settings are keywords (mint.sdk.sampling: ``top_k``, ``min_p``,
-        ``repetition_penalty``, ``stop_token_ids``, ``top_logprobs``, …) or ``sampling=``; and
-        ``json_schema=`` / ``json_object=True`` / ``regex=`` / ``choice=`` / ``grammar=``
-        constrain the answer's text::
-
-            r = mint.infer("extract", "Alice is 31.", chat=True, max_tokens=64,
-                           json_schema={"type": "object", "required": ["name", "age"],
-                                        "properties": {"name": {"type": "string"},
-                                                       "age": {"type": "integer"}}})
-            json.loads(r.text)  # {"name": "Alice", "age": 31}
-
-        ``logprobs`` returns each sampled token's log-probability (``r.logprobs``);
-        ``top_logprobs=k`` also returns each token's string, bytes and ``k`` alternatives
-        (``r.token_logprobs``; it implies ``logprobs``), and ``r.stop_reason`` says which stop
-        string or token id ended the answer. A bad setting raises InvalidSampling before
-        anything is sent."""
-        opts = sampling_options(sampling, **options)
-        rid = request_id or uuid.uuid4().hex
-        cmd = self.send(
-            policy,
-            InferRequested(
-                request_id=rid,
-                alias=alias,
-                revision=revision,
-                prompt=prompt,
-                max_tokens=max_tokens,
-                temperature=temperature,
-                chat=chat,
-                top_p=top_p,
-                seed=seed,
-                stop=list(stop),
-                logprobs=logprobs or (opts is not None and opts.top_logprobs is not None),
-                sampling=opts,
-            ),
-        )
-        got = self.wait_for(
-            lambda e: (
-                e.type in ("infer.completed", "infer.failed")
-                and e.policy_id == cmd.policy_id
-                and e.payload.request_id == rid
-            ),
-            what=f"result of request {rid}",
-            request=cmd,
-        )
-        if got.type == "infer.failed":
-            p = got.payload
-            code = f" ({p.code})" if getattr(p, "code", None) else ""
-            raise RequestFailed(f"request {rid} failed at {p.stage}{code}: {p.error}")
-        return got.payload
-
     def wait_for_alias(
         self,
         policy: str,
@@ -275,21 +202,26 @@ class MintClient(TrainingVerbs, ServingVerbs, RegistryVerbs):
             what=f"alias.moved of {pid}@{alias}",
         )
 
-    # ------------------------------------------------------------------ catalog reads
+    # ------------------------------------------------------------------ direct only
 
-    def latest_revision(self, policy: str) -> int | None:
-        from catalog.exceptions import NotFound
-
-        try:
-            rows, _ = self.catalog.list_revisions(self.tenant, policy, page_size=1)
-        except NotFound:
-            return None
-        return rows[0].revision if rows else None
-
-    def revisions(self, policy: str) -> list[Any]:
-        """The policy's revisions, newest first; each carries ``training`` (the figures its
-        training measured: steps, tokens, loss, reward, learning_rate; {} when unknown)."""
-        return list(self.catalog.iter_revisions(self.tenant, policy))
+    def retire(
+        self, policy: str, reason: str = "", undo: bool = False, *, timeout_s: float | None = None
+    ) -> Any:
+        """Verbs.retire, then the policy's catalog row once the projector recorded the fact
+        (``retired_at``, ``retired_by``). PolicyNotFound: nothing sent; WaitTimeout also when
+        no projector runs (the controller may not write the policies table)."""
+        self.catalog.get_policy(self.tenant, policy)  # PolicyNotFound: nothing sent
+        fact = super().retire(policy, reason, undo, timeout_s=timeout_s)
+        wait = timeout_s if timeout_s is not None else self.timeout_s
+        deadline = time.monotonic() + wait
+        while not self.catalog.is_applied(fact.event_id):
+            if time.monotonic() >= deadline:
+                raise WaitTimeout(
+                    f"policy.retired {fact.event_id} of {fact.policy_id} was not recorded in the "
+                    f"catalog within {wait:g}s: is `mint worker projector` running?"
+                )
+            time.sleep(0.1)
+        return self.catalog.get_policy(self.tenant, policy)
 
     def revision(self, policy: str, revision: int) -> Any:
         """One revision (``catalog.models.Revision``, with its ``training`` figures)."""
@@ -305,15 +237,9 @@ class MintClient(TrainingVerbs, ServingVerbs, RegistryVerbs):
         """``evaluations`` of the policy grouped by revision number."""
         return self.catalog.evaluations_by_revision(self.tenant, policy)
 
-    def aliases(self, policy: str) -> list[Any]:
-        return self.catalog.list_aliases(self.tenant, policy)
-
     def history(self, policy: str, alias: str = "prod", limit: int = 100) -> list[Any]:
         """The alias's moves (catalog history rows), newest first."""
         return self.catalog.alias_history(self.tenant, policy, alias, limit=limit)
-
-    def policies(self) -> list[Any]:
-        return self.catalog.list_policies(self.tenant)
 
     def policy(self, policy: str) -> Any:
         """One policy (``catalog.models.Policy``: base model, created, retired_at/retired_by)."""

@@ -1,74 +1,62 @@
-"""What the HTTP client (mint.sdk.remote) returns: policies, revisions, aliases, moves,
-canaries and answers, read from the gateway's JSON."""
+"""What the HTTP transport (mint.sdk.remote) answers with: the gateway's JSON read into pydantic
+models, one per answer. Their fields are the event payloads' names, and ``payload`` is the model
+itself, so ``answer.payload.to_revision`` reads the same whichever transport answered."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-
-def iso_time(value: str | None) -> datetime | None:
-    return datetime.fromisoformat(value) if value else None
+from pydantic import BaseModel, ConfigDict, Field
 
 
-@dataclass(frozen=True)
-class PolicyInfo:
+class Answer(BaseModel):
+    # The gateway may add fields (a newer server): reading them must not fail an older SDK.
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    @property
+    def payload(self) -> Any:  # reads like the direct transport's Envelope
+        return self
+
+
+class PolicyInfo(Answer):
     policy: str
     base_model: str
-    created_at: datetime | None
+    created_at: datetime | None = None
     retired_at: datetime | None = None
 
 
-@dataclass(frozen=True)
-class Retirement:
-    """The controller's ``policy.retired``: the policy is retired now (``retired``) or restored."""
-
-    policy: str
-    retired: bool
-    reason: str
-    event_id: str
-
-
-@dataclass(frozen=True)
-class RevisionInfo:
+class RevisionInfo(Answer):
     revision: int
     digest: str
-    parent_revision: int | None
+    parent_revision: int | None = None
     base_model: str
-    created_at: datetime | None
-    created_by: str
-    training: dict[str, float] = field(default_factory=dict)
-    tags: list[str] = field(default_factory=list)
-    evaluations: list[dict[str, Any]] = field(default_factory=list)
+    created_at: datetime | None = None
+    created_by: str = ""
+    training: dict[str, float] = Field(default_factory=dict)
+    tags: list[str] = Field(default_factory=list)
+    evaluations: list[dict[str, Any]] = Field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class AliasInfo:
+class AliasInfo(Answer):
     alias: str
-    revision: int | None
-    seq: int
-    moved_at: datetime | None
+    revision: int | None = None
+    seq: int = 0
+    moved_at: datetime | None = None
 
 
-@dataclass(frozen=True)
-class Moved:
+class Moved(Answer):
     """An alias move the controller carried out (its ``alias.moved``)."""
 
     policy: str
     alias: str
-    from_revision: int | None
+    from_revision: int | None = None
     to_revision: int
     cause: str
     event_id: str
 
-    @property
-    def payload(self) -> Moved:  # reads like the direct client's Envelope[AliasMoved]
-        return self
 
-
-@dataclass(frozen=True)
-class CanaryInfo:
+class CanaryInfo(Answer):
     """A canary the controller started (``canary.started``: revision, incumbent and share) or
     ended (``canary.ended``: outcome ``promoted`` or ``rolled_back``, and why)."""
 
@@ -82,13 +70,38 @@ class CanaryInfo:
     outcome: str | None = None
     reason: str = ""
 
-    @property
-    def payload(self) -> CanaryInfo:  # reads like the direct client's Envelope[CanaryStarted]
-        return self
+
+class Tagged(Answer):
+    """The controller's ``revision.tagged``: the revision's whole set of tags now."""
+
+    policy: str
+    revision: int
+    tags: list[str]
+    event_id: str
 
 
-@dataclass(frozen=True)
-class Completion:
+class Retirement(Answer):
+    """The controller's ``policy.retired``: the policy is retired now (``retired``) or restored."""
+
+    policy: str
+    retired: bool
+    reason: str = ""
+    event_id: str
+
+
+def controller_answer(d: dict[str, Any]) -> Moved | CanaryInfo | Tagged | Retirement:
+    """The gateway's body for a serving command (gateway/lifecycle_bodies.py answer_body): which
+    fact it is shows in its keys."""
+    if "tags" in d:
+        return Tagged.model_validate(d)
+    if "retired" in d:
+        return Retirement.model_validate(d)
+    if "canary_id" in d:  # a canary started, or ended by a rollback
+        return CanaryInfo.model_validate(d)
+    return Moved.model_validate(d)
+
+
+class Completion(Answer):
     """One answer of ``infer``: the text and the revision that wrote it; with ``logprobs`` or
     ``top_logprobs`` each sampled token (``tokens``), its log-probability (``logprobs``) and its
     alternatives (``top_logprobs``: token -> logprob); ``raw`` is the gateway's whole answer
@@ -104,7 +117,7 @@ class Completion:
     tokens: list[str] | None = None
     logprobs: list[float | None] | None = None
     top_logprobs: list[dict[str, float]] | None = None
-    raw: dict[str, Any] | None = field(default=None, repr=False)
+    raw: dict[str, Any] | None = Field(default=None, repr=False)
 
     @property
     def id(self) -> str | None:

@@ -20,19 +20,12 @@ from schemas.events import DeadLetter
 from schemas.exceptions import SchemaError
 from schemas.settings import MintSettings
 from streams.follower import Follower
+from streams.timeline import TOPICS
 from streams.topics import DLQ, topic_for
 
-RESULT_TOPICS = (
-    "rollout.results",
-    "update.results",
-    "export.events",
-    "eval.requests",
-    "eval.results",
-    "serving.commands",
-    "serving.events",
-    "infer.results",
-    "dlq",
-)
+# Where answers arrive: the topics of a policy's life, rollouts, and dead letters (a request a
+# worker gave up on fails its wait at once).
+RESULT_TOPICS = ("rollout.results", *TOPICS, "dlq")
 
 Predicate = Callable[[Envelope[Any]], bool]
 

@@ -22,7 +22,8 @@ import mint.commands.revisions as revisions_cli
 from mint.cli import main
 from mint.sdk.client import MintClient
 from mint.sdk.exceptions import WaitTimeout
-from mint.sdk.serving import ServingVerbs
+from mint.sdk.transport import DirectTransport
+from mint.sdk.verbs import Verbs
 from schemas import make_event
 from schemas.envelope import make_reply
 from schemas.events import (
@@ -67,14 +68,16 @@ def view(decision: CanaryDecision | None = None, **kw: Any) -> CanaryView:
 # ---------------------------------------------------------------------- a fake client
 
 
-class FakeClient(ServingVerbs):
-    """ServingVerbs with the client's plumbing faked: ``send`` records the event and ``reply``
-    (command → answers) fills the watcher that ``wait_for`` searches with the real predicate."""
+class FakeClient(Verbs):
+    """The SDK's verbs over the direct transport, with the client's plumbing faked: ``send``
+    records the event and ``reply`` (command → answers) fills the watcher that ``wait_for``
+    searches with the real predicate."""
 
     def __init__(self, reply=lambda cmd: [], view: CanaryView | None = None) -> None:
         self.tenant, self.name, self.reply, self.view = "acme", "cli", reply, view
         self.sent: list[Any] = []
         self.seen: list[Any] = []
+        self.transport = DirectTransport(self)
 
     def __enter__(self) -> FakeClient:
         return self
@@ -342,10 +345,11 @@ def test_status_reads_the_controllers_worker_state(monkeypatch) -> None:
     monkeypatch.setattr(revisions_cli, "catalog_repo", repo)
     assert canary_cli.load_view("acme", "math-rl").rule == RULE
     assert canary_cli.load_view("acme", "other") is None
-    sdk = SimpleNamespace(tenant="acme", catalog=SimpleNamespace(session=None, keyspace="mint"))
-    assert ServingVerbs.canary_status(sdk, "math-rl").revision == 7  # prod's
-    assert ServingVerbs.canary_status(sdk, "math-rl", alias="beta") is None  # not beta's
-    assert ServingVerbs.canary_status(sdk, "math-rl", alias=None).alias == "prod"
+    direct = SimpleNamespace(tenant="acme", catalog=SimpleNamespace(session=None, keyspace="mint"))
+    sdk = SimpleNamespace(transport=DirectTransport(direct))
+    assert MintClient.canary_status(sdk, "math-rl").revision == 7  # prod's
+    assert MintClient.canary_status(sdk, "math-rl", alias="beta") is None  # not beta's
+    assert MintClient.canary_status(sdk, "math-rl", alias=None).alias == "prod"
 
 
 # ---------------------------------------------------------------------- feedback
