@@ -27,18 +27,41 @@ ROOT = Path(__file__).resolve().parent.parent
 # ------------------------------------------------------------------ options
 
 
-def parser(doc: str | None, smoke: str) -> argparse.ArgumentParser:
-    """A script's parser: its docstring's first line, and ``--smoke`` (what the tests run)."""
-    ap = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
-    ap.add_argument("--smoke", action="store_true", help=smoke)
-    return ap
+class Options(argparse.ArgumentParser):
+    """A script's options: ``--smoke`` (what the tests run) and its sizes (:meth:`size`)."""
+
+    def __init__(self, doc: str | None, smoke: str) -> None:
+        super().__init__(description=(doc or "").splitlines()[0])
+        self.add_argument("--smoke", action="store_true", help=smoke)
+        self.sizes: dict[str, tuple[Any, Any]] = {}
+
+    def size(self, flag: str, small: Any, full: Any, what: str) -> None:
+        """An option that, left unset, is ``small`` under --smoke and ``full`` otherwise: both
+        are written once, beside the flag, and the help shows them."""
+        action = self.add_argument(
+            flag, type=type(full), help=f"{what} (default {full}; smoke {small})"
+        )
+        self.sizes[action.dest] = (small, full)
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        ns = super().parse_args(args, namespace)
+        for dest, (small, full) in self.sizes.items():
+            if getattr(ns, dest) is None:
+                setattr(ns, dest, small if ns.smoke else full)
+        return ns
 
 
-def smoke_or(args: argparse.Namespace, **sizes: tuple[Any, Any]) -> None:
-    """Fill each option left unset (None): ``name=(under --smoke, otherwise)``."""
-    for name, (small, full) in sizes.items():
-        if getattr(args, name) is None:
-            setattr(args, name, small if args.smoke else full)
+def parser(doc: str | None, smoke: str) -> Options:
+    """A script's parser: its docstring's first line, and ``--smoke`` with its help."""
+    return Options(doc, smoke)
+
+
+def overrides(plan: Any, args: argparse.Namespace, *names: str, **renamed: str) -> None:
+    """Each option given (not None) onto ``plan``: ``names`` are the same on both, ``renamed`` is
+    ``plan_field="option"``; a plan's presets (--smoke, a mode) come first, the options last."""
+    for field_, option in {**{n: n for n in names}, **renamed}.items():
+        if (value := getattr(args, option)) is not None:
+            setattr(plan, field_, value)
 
 
 # ------------------------------------------------------------------ figures
@@ -77,6 +100,17 @@ def emit(line: dict[str, Any], **dumps: Any) -> int:
     print(json.dumps(line, **dumps), flush=True)
     met = line.get("met")
     return 0 if not isinstance(met, dict) or all(met.values()) else 1
+
+
+def finish(line: dict[str, Any], script: str, argv: list[str] | None, say=None) -> list[str]:
+    """The line's ``command`` (``python benchmarks/<script>.py`` and its options), the missed
+    targets said on stderr, the line printed; the missed targets' names."""
+    line["command"] = " ".join([f"python benchmarks/{script}.py", *(argv or sys.argv[1:])])
+    missed = [k for k, v in line.get("met", {}).items() if not v]
+    if missed:
+        (say or (lambda m: print(m, file=sys.stderr)))(f"[red]missed: {', '.join(missed)}")
+    print(json.dumps(line, default=str), flush=True)
+    return missed
 
 
 # ------------------------------------------------------------------ processes

@@ -11,6 +11,8 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from benchmarks._harness import pct
+
 # Chat prompts of similar length: each asks for a short explanation, so answers run to a few
 # dozen tokens and the two servers decode comparable amounts.
 TOPICS = [
@@ -88,36 +90,6 @@ async def _one(client, index: int, model: str, messages, max_tokens: int) -> Str
     return out
 
 
-async def _run(
-    base_url: str,
-    api_key: str,
-    models: list[str],
-    prompts: list,
-    clients: int,
-    max_tokens: int,
-    timeout_s: float,
-) -> tuple[list[Streamed], float]:
-    from openai import AsyncOpenAI
-
-    client = AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=0)
-    todo: asyncio.Queue[int] = asyncio.Queue()
-    for i in range(len(prompts)):
-        todo.put_nowait(i)
-    results: list[Streamed] = []
-
-    async def worker() -> None:  # one streaming client: its next request when the last ends
-        while not todo.empty():
-            i = todo.get_nowait()
-            results.append(await _one(client, i, models[i], prompts[i], max_tokens))
-
-    t0 = time.perf_counter()
-    try:
-        await asyncio.gather(*(worker() for _ in range(clients)))
-    finally:
-        await client.close()
-    return sorted(results, key=lambda r: r.index), time.perf_counter() - t0
-
-
 def run_load(
     base_url: str,
     api_key: str,
@@ -132,15 +104,29 @@ def run_load(
     answers in prompt order and the wall time of the whole load (s)."""
     if len(models) != len(prompts):
         raise ValueError(f"models has {len(models)} entries, prompts {len(prompts)}: give one each")
-    return asyncio.run(_run(base_url, api_key, models, prompts, clients, max_tokens, timeout_s))
 
+    async def load() -> tuple[list[Streamed], float]:
+        from openai import AsyncOpenAI
 
-def pct(values: list[float], q: float) -> float | None:
-    """The q-quantile (nearest rank) of ``values``; None when there are none."""
-    if not values:
-        return None
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+        client = AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=0)
+        todo: asyncio.Queue[int] = asyncio.Queue()
+        for i in range(len(prompts)):
+            todo.put_nowait(i)
+        results: list[Streamed] = []
+
+        async def worker() -> None:  # one streaming client: its next request when the last ends
+            while not todo.empty():
+                i = todo.get_nowait()
+                results.append(await _one(client, i, models[i], prompts[i], max_tokens))
+
+        t0 = time.perf_counter()
+        try:
+            await asyncio.gather(*(worker() for _ in range(clients)))
+        finally:
+            await client.close()
+        return sorted(results, key=lambda r: r.index), time.perf_counter() - t0
+
+    return asyncio.run(load())
 
 
 def _ms(v: float | None) -> float | None:

@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._harness import targets_and_met  # noqa: E402
+from benchmarks._harness import parser, targets_and_met  # noqa: E402
 
 PROMPTS = ["hello world", "the cat sat", "2 + 2 =", "once upon a time", "red green blue"]
 TARGET_DEMAND_OVER_FIFO = 3.0  # demand-grouped / FIFO requests per second, at least
@@ -145,11 +145,13 @@ def zipf_indices(rng: random.Random, k: int, m: int, s: float) -> list[int]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--smoke", action="store_true", help="400 adapters, short Zipf run")
-    ap.add_argument("--adapters", type=int, default=None, help="N for the sweep")
+    ap = parser(__doc__, "400 adapters, short Zipf run")
+    ap.size("--adapters", 400, 100_000, "N for the sweep")
+    ap.size("--zipf-requests", 256, 2048, "M, the Zipf run's requests")
+    ap.size(
+        "--kafka-adapters", 100, 10_000, "N of the sweep through Kafka and the catalog (0: skip it)"
+    )
     ap.add_argument("--zipf-adapters", type=int, default=64, help="K (> max_cpu_loras)")
-    ap.add_argument("--zipf-requests", type=int, default=None)
     ap.add_argument("--zipf-s", type=float, default=1.1)
     ap.add_argument("--burst", type=int, default=512, help="requests arriving together")
     ap.add_argument("--max-loras", type=int, default=4)
@@ -157,15 +159,8 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=32, help="engine batch size")
     ap.add_argument("--sweep-tokens", type=int, default=4, help="max_tokens in the sweep")
     ap.add_argument("--max-tokens", type=int, default=32, help="max_tokens of Zipf requests")
-    ap.add_argument(
-        "--kafka-adapters",
-        type=int,
-        default=None,
-        help="N of the sweep through Kafka and the catalog (default 10,000; smoke 100; 0: skip it)",
-    )
     args = ap.parse_args()
-    n = args.adapters or (400 if args.smoke else 100_000)
-    m = args.zipf_requests or (256 if args.smoke else 2048)
+    n, m = args.adapters, args.zipf_requests
     if args.zipf_adapters <= args.max_cpu_loras:
         ap.error("--zipf-adapters must exceed --max-cpu-loras (traffic over more than the cache)")
 
@@ -179,8 +174,7 @@ def main() -> None:
     from workers.serving.working_set import WorkingSet
 
     configure_logging("WARNING", "console")
-    kn = args.kafka_adapters if args.kafka_adapters is not None else (100 if args.smoke else 10_000)
-    through_kafka = kafka_sweep(kn, args) if kn else None
+    through_kafka = kafka_sweep(args.kafka_adapters, args) if args.kafka_adapters else None
     work = Path(tempfile.mkdtemp(prefix="mint-sweep-"))
     try:
         model = build_tiny(TinySpec("llama", "test"), work / "model")

@@ -30,8 +30,6 @@ the runs, each run's beside it.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import tempfile
@@ -48,6 +46,7 @@ from benchmarks._canary_deploy import TENANT, Deployment  # noqa: E402
 from benchmarks._canary_figures import TARGETS, Seen, run_figures, summary  # noqa: E402
 from benchmarks._canary_traffic import Traffic  # noqa: E402
 from benchmarks._engine_group import console, say  # noqa: E402
+from benchmarks._harness import finish, load_1m, overrides, parser  # noqa: E402
 
 RUNS = (("better", "promoted"), ("worse", "rolled_back"))
 INCUMBENT, CANARY = 1, 2
@@ -208,8 +207,7 @@ def stuck(label: str, answers, ok) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--smoke", action="store_true", help="min_answers 24, min_scores 12, S 0.3")
+    ap = parser(__doc__, "min_answers 24, min_scores 12, S 0.3")
     ap.add_argument("--min-answers", type=int, default=None, help="the rule's canary answers")
     ap.add_argument("--min-scores", type=int, default=None, help="the rule's canary scores")
     ap.add_argument("--share", type=float, default=None, help="the canary's share S, in (0, 1)")
@@ -222,9 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         plan.min_answers, plan.min_scores, plan.share = 24, 12, 0.3
         plan.concurrency, plan.callers, plan.decision_timeout_s = 4, 2_000, 240.0
-    for name in ("min_answers", "min_scores", "share", "concurrency", "callers"):
-        if getattr(args, name) is not None:
-            setattr(plan, name, getattr(args, name))
+    overrides(plan, args, "min_answers", "min_scores", "share", "concurrency", "callers")
     if not 0 < plan.share < 1:
         ap.error(f"--share must be in (0, 1), got {plan.share}")
     if plan.min_answers < 1 or plan.min_scores < 0 or plan.concurrency < 1 or plan.callers < 1:
@@ -263,12 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     if failed or len(runs) < len(RUNS):
         out["met"] = {k: False for k in TARGETS}
     out["seconds"] = round(time.monotonic() - t_start, 1)
-    out["cpus"], out["load_1m"] = os.cpu_count(), round(os.getloadavg()[0], 2)
-    out["command"] = " ".join(["python benchmarks/canary.py", *(argv or sys.argv[1:])])
-    missed = [k for k, v in out["met"].items() if not v]
-    if missed:
-        say(f"[red]missed: {', '.join(missed)}")
-    print(json.dumps(out, default=str), flush=True)
+    out["cpus"], out["load_1m"] = os.cpu_count(), load_1m()
+    finish(out, "canary", argv, say)
     return 1 if failed else 0
 
 

@@ -25,7 +25,6 @@ The keyspace (bench_catalog_<random>) and the generated file are removed at the 
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -39,6 +38,7 @@ import time
 import uuid
 from pathlib import Path
 
+from benchmarks._harness import load_1m, parser
 from catalog.cluster import connect
 from catalog.importer import import_file
 from catalog.migrate import migrate
@@ -75,10 +75,6 @@ def write_jsonl(path: Path, n_policies: int, per_policy: int) -> int:
                     f'"created_at":"2025-01-01T00:00:00Z","rank":8{aliases}}}\n'
                 )
     return path.stat().st_size
-
-
-def load1() -> float:
-    return round(os.getloadavg()[0], 2)
 
 
 def cpu_seconds(settings: MintSettings) -> dict[str, float | None]:
@@ -120,13 +116,13 @@ def time_catalog_resolves(repo: CatalogRepository, refs: list[str], warmup: list
     the engine resolves the Ref it built from a decoded request, it never parses text."""
     for ref in warmup:
         repo.resolve(ref)
-    before = load1()
+    before = load_1m()
     lat = []
     for ref in [parse_ref(r) for r in refs]:
         t0 = time.perf_counter()
         repo.resolve(ref)
         lat.append((time.perf_counter() - t0) * 1000)
-    return {**_summary(lat), "load_average_1m": before, "load_average_1m_after": load1()}
+    return {**_summary(lat), "load_average_1m": before, "load_average_1m_after": load_1m()}
 
 
 def time_cached_resolves(repo: CatalogRepository, texts: list[str], passes: int = 5) -> dict:
@@ -135,7 +131,7 @@ def time_cached_resolves(repo: CatalogRepository, texts: list[str], passes: int 
     refs = [parse_ref(r) for r in texts]  # as the engine holds them (see time_catalog_resolves)
     for ref in refs:
         cache.resolve(ref)
-    before = load1()
+    before = load_1m()
     lat = []
     clock = time.perf_counter_ns
     for _ in range(passes):
@@ -144,7 +140,7 @@ def time_cached_resolves(repo: CatalogRepository, texts: list[str], passes: int 
             cache.resolve(ref)
             lat.append((clock() - t0) / 1e6)
     assert cache.misses == len(refs) and cache.hits == passes * len(refs)
-    return {**_summary(lat, 5), "load_average_1m": before, "load_average_1m_after": load1()}
+    return {**_summary(lat, 5), "load_average_1m": before, "load_average_1m_after": load_1m()}
 
 
 _SETTLE_POOLS = {"CompactionExecutor", "MemtableFlushWriter", "MemtablePostFlush"}
@@ -204,13 +200,13 @@ def settle(
 def wait_idle(below: float, timeout_s: float) -> dict:
     """Poll the 1-minute load average until it is below ``below`` or ``timeout_s`` passed."""
     t0 = time.monotonic()
-    while load1() >= below and time.monotonic() - t0 < timeout_s:
+    while load_1m() >= below and time.monotonic() - t0 < timeout_s:
         time.sleep(2.0)
     return {
         "idle_below": below,
-        "idle_reached": load1() < below,
+        "idle_reached": load_1m() < below,
         "idle_wait_seconds": round(time.monotonic() - t0, 1),
-        "load_average_1m": load1(),
+        "load_average_1m": load_1m(),
     }
 
 
@@ -228,32 +224,23 @@ def _du(path: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--smoke", action="store_true", help="1,000 policies x 10, 1,000 lookups")
-    ap.add_argument("--policies", type=int, default=100_000)
+    ap = parser(__doc__, "1,000 policies x 10, 1,000 lookups")
+    ap.size("--policies", 1_000, 100_000, "policies imported")
+    ap.size("--lookups", 1_000, 10_000, "alias lookups timed")
+    ap.size("--idle-timeout", 0.0, 120.0, "seconds to wait for --idle-load before timing")
+    ap.size("--import-idle-timeout", 0.0, 60.0, "seconds to wait for it before the import")
     ap.add_argument("--revisions", type=int, default=10, help="revisions per policy")
     ap.add_argument("--workers", type=int, default=1, help="importer writer processes")
     ap.add_argument("--concurrency", type=int, default=64, help="requests in flight per writer")
     ap.add_argument("--chunk-rows", type=int, default=20_000)
-    ap.add_argument("--lookups", type=int, default=10_000)
     ap.add_argument(
         "--idle-load",
         type=float,
         default=1.0,
         help="wait for a 1-minute load average below this before timing resolves",
     )
-    ap.add_argument("--idle-timeout", type=float, default=120.0, help="seconds; 0 in --smoke")
-    ap.add_argument(
-        "--import-idle-timeout",
-        type=float,
-        default=60.0,
-        help="seconds to wait for the same idle before the import; 0 in --smoke",
-    )
     ap.add_argument("--keep", action="store_true", help="keep the keyspace and the JSONL file")
     args = ap.parse_args(argv)
-    if args.smoke:
-        args.policies, args.lookups = 1_000, 1_000
-        args.idle_timeout = args.import_idle_timeout = 0.0
     args.lookups = min(args.lookups, args.policies - 100)
     settings = MintSettings()
     configure_logging(settings.log_level, "console")  # logs to stderr; stdout is the JSON line
@@ -270,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         generate_s = time.perf_counter() - t0
 
         idle_before = wait_idle(args.idle_load, args.import_idle_timeout)
-        load_before, cpu0 = load1(), cpu_seconds(settings)
+        load_before, cpu0 = load_1m(), cpu_seconds(settings)
         imp = import_file(
             session,
             keyspace,
@@ -280,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             concurrency=args.concurrency,
             chunk_rows=args.chunk_rows,
         )
-        load_after, cpu1 = load1(), cpu_seconds(settings)
+        load_after, cpu1 = load_1m(), cpu_seconds(settings)
         c = imp.counts
         cpu_us = {
             k: None if cpu1[k] is None else round((cpu1[k] - cpu0[k]) / c.accepted * 1e6, 1)
@@ -362,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
                 "resolve_cached_p99_ms": cached["p99_ms"] <= TARGETS["resolve_cached_p99_ms"],
             },
             "cpus": os.cpu_count(),
-            "load_average_1m": load1(),
+            "load_average_1m": load_1m(),
             "note": "one Cassandra node, the importer and the benchmark share these CPUs with "
             "other work; import_rows_per_s counts catalog rows written (revisions_per_s: lines)",
         }

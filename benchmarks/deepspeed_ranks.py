@@ -28,6 +28,10 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks._harness import parser  # noqa: E402
+
 POLICY = "bench/ranks"
 WEIGHT_TOLERANCE = 1e-5
 
@@ -144,7 +148,7 @@ def _run_children(args: argparse.Namespace, runs: list[tuple[int, Path, bool]]) 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = parser(__doc__, "tiny and short (the test suite)")
     ap.add_argument("--ranks", type=int, default=2, help="data-parallel ranks to compare with 1")
     ap.add_argument("--model", help="base model folder (default: build a tiny Llama)")
     ap.add_argument("--size", choices=["test", "small"], default="test")
@@ -157,7 +161,6 @@ def main() -> None:
         default=None,
         help="torch threads per rank (default: all cores / ranks)",
     )
-    ap.add_argument("--smoke", action="store_true", help="tiny and short (the test suite)")
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--reverse", action="store_true", help=argparse.SUPPRESS)
@@ -169,7 +172,6 @@ def main() -> None:
         return
     if args.smoke:
         args.size, args.rows, args.steps = "test", 8, 2
-    sys.path.insert(0, str(ROOT))
     with tempfile.TemporaryDirectory(prefix="mint-bench-") as tmp:
         built = args.model is None
         if built:

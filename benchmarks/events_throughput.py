@@ -18,15 +18,13 @@ Topics live under a fresh prefix (bench<random>) and are deleted at the end.
 
 from __future__ import annotations
 
-import argparse
-import json
 import multiprocessing as mp
 import sys
 import threading
 import time
 import uuid
 
-from benchmarks._harness import targets_and_met
+from benchmarks._harness import emit, parser, targets_and_met
 from schemas import decode_event, encode_event, make_event
 from schemas.examples import example_payload
 from schemas.logs import configure_logging
@@ -160,14 +158,13 @@ def _wait(predicate, consumer: threading.Thread, what: str, timeout_s: float = 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=20_000)
-    parser.add_argument("--smoke", action="store_true", help="300 events, for the test suite")
-    args = parser.parse_args(argv)
+    ap = parser(__doc__, "300 events, for the test suite")
+    ap.add_argument("--events", type=int, default=20_000)
+    args = ap.parse_args(argv)
     configure_logging("WARNING", "json")  # logs to stderr; stdout carries the one JSON line
     figures = {"benchmark": "events_throughput", "smoke": args.smoke}
     figures.update(run(300 if args.smoke else args.events))
-    print(json.dumps(figures), flush=True)
+    emit(figures)
     return 0
 
 

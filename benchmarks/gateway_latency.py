@@ -33,20 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._harness import (  # noqa: E402
-    emit,
-    machine,
-    parser,
-    pct,
-    run_settings,
-    run_space,
-    start_gateway,
-    stop_group,
-    targets_and_met,
-    wait_ready,
-)
-
-__all__ = ["start_gateway", "wait_ready"]  # moved to the harness; named here as before
+from benchmarks import _harness as h  # noqa: E402
+from benchmarks._harness import pct  # noqa: E402
 
 TARGET_ADDED_P50_MS = 15.0
 PROMPT = "the cat sat on the"
@@ -76,14 +64,13 @@ def make_adapter(model: Path, out: Path) -> Path:
 
 
 def main() -> None:
-    ap = parser(__doc__, "20 pairs, 64 concurrent requests")
-    ap.add_argument("--requests", type=int, default=None, help="sequential pairs")
-    ap.add_argument("--concurrent-requests", type=int, default=None)
+    ap = h.parser(__doc__, "20 pairs, 64 concurrent requests")
+    ap.size("--requests", 20, 200, "sequential pairs")
+    ap.size("--concurrent-requests", 64, 512, "requests through the gateway at once")
     ap.add_argument("--clients", type=int, default=16, help="concurrent HTTP clients")
     ap.add_argument("--max-tokens", type=int, default=8)
     args = ap.parse_args()
-    pairs = args.requests or (20 if args.smoke else 200)
-    total = args.concurrent_requests or (64 if args.smoke else 512)
+    pairs, total = args.requests, args.concurrent_requests
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # a shared small machine
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -107,11 +94,11 @@ def main() -> None:
     configure_logging("WARNING", "console")
     structlog.get_logger()
     work = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
-    settings = run_settings("gw", work)
+    settings = h.run_settings("gw", work)
     engine = serving = gateway = None
     stop = threading.Event()
     space = contextlib.ExitStack()  # the run's topics and keyspace, dropped in the finally
-    session = space.enter_context(run_space(settings))
+    session = space.enter_context(h.run_space(settings))
     try:
         model = build_tiny(TinySpec("llama", "test"), work / "llama")
         adapter = make_adapter(model, work / "adapter")
@@ -132,7 +119,7 @@ def main() -> None:
         access.create_tenant("bench", rate_per_s=1e6, burst=1_000_000)
         key, _ = access.create_key("bench", name="bench")
 
-        gateway, url = start_gateway(settings, work / "gateway.log")  # starts beside vLLM
+        gateway, url = h.start_gateway(settings, work / "gateway.log")  # starts beside vLLM
         config = EngineConfig(
             model=str(model),
             engine_id="bench-engine",
@@ -163,7 +150,7 @@ def main() -> None:
         worker = ServingWorker(settings, core, stop=stop, instance_id="bench-engine")
         serving = threading.Thread(target=worker.run, name="serving", daemon=True)
         serving.start()
-        wait_ready(url, gateway, work / "gateway.log")
+        h.wait_ready(url, gateway, work / "gateway.log")
 
         handle = ws.ensure(Resolved("bench", "chat", rev.revision, rev.digest, rev.store_uri))
         direct_req = GenRequest(PROMPT, args.max_tokens, 0.0, lora=handle)
@@ -238,7 +225,7 @@ def main() -> None:
             c.close()
 
         added_p50 = pct(added, 0.5)
-        emit(
+        h.emit(
             {
                 "benchmark": "gateway_latency",
                 "smoke": args.smoke,
@@ -262,14 +249,14 @@ def main() -> None:
                 "inprocess_batch_rps": round(inprocess_rps, 1),
                 "inprocess_threads_rps": round(inprocess_threads_rps, 1),
                 "gateway_over_inprocess_rps": round(gateway_rps / inprocess_rps, 3),
-                **machine(),
-                **targets_and_met(added_p50_ms=(added_p50, "<=", TARGET_ADDED_P50_MS)),
+                **h.machine(),
+                **h.targets_and_met(added_p50_ms=(added_p50, "<=", TARGET_ADDED_P50_MS)),
             }
         )
     finally:
         stop.set()
         if gateway is not None:
-            stop_group(gateway, timeout_s=20)
+            h.stop_group(gateway, timeout_s=20)
         if serving is not None:
             serving.join(timeout=30)  # the worker's loop sees stop and closes its consumers
         if engine is not None:

@@ -22,7 +22,6 @@ update + handoff).
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import statistics
@@ -34,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._harness import targets_and_met  # noqa: E402
+from benchmarks._harness import parser, targets_and_met  # noqa: E402
 
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PROMPTS = ["question: 1 plus 2", "hello world", "the model", "red green blue"]
@@ -65,11 +64,10 @@ def merged_checkpoint(trainer, out: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--smoke", action="store_true", help="test-size model, 2 iterations")
+    ap = parser(__doc__, "test-size model, 2 iterations")
+    ap.size("--iterations", 2, 3, "RL steps, each timing both handoffs")
     ap.add_argument("--size", choices=["test", "small"], default=None)
     ap.add_argument("--model", type=Path, default=None, help="reuse a built model folder")
-    ap.add_argument("--iterations", type=int, default=None)
     ap.add_argument("--rank", type=int, default=8)
     ap.add_argument(
         "--pretrained",
@@ -79,7 +77,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     size = args.pretrained or args.size or ("test" if args.smoke else "small")
-    iterations = args.iterations or (2 if args.smoke else 3)
+    iterations = args.iterations
 
     import os
 

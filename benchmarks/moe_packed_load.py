@@ -49,6 +49,7 @@ import torch  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
+from benchmarks._harness import load_1m, parser  # noqa: E402
 from catalog.packed import (  # noqa: E402
     packed_bytes,
     peft_to_packed,
@@ -243,8 +244,7 @@ def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--smoke", action="store_true", help="8 experts, 2 layers, tiny dims")
+    ap = parser(__doc__, "8 experts, 2 layers, tiny dims")
     ap.add_argument("--experts", type=int, default=128)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--hidden", type=int, default=2048)
@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
                 "equal": equal_trainer,
             },
             "cpus": os.cpu_count(),
-            "load_average_1m": round(os.getloadavg()[0], 2),
+            "load_average_1m": load_1m(),
         }
     finally:
         shutil.rmtree(work, ignore_errors=True)

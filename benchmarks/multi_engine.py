@@ -43,9 +43,7 @@ benchmarks/_engine_group.py (run settings, catalog, engine processes) and benchm
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import os
 import shutil
 import sys
@@ -58,18 +56,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._engine_group import (  # noqa: E402
-    Adapter,
-    EngineGroup,
-    build_catalog,
-    console,
-    delete_topics,
-    drop_keyspace,
-    prepare,
-    run_settings,
-    say,
-    tiny_model,
-)
+from benchmarks import _engine_group as eg  # noqa: E402
+from benchmarks._engine_group import console, say  # noqa: E402
+from benchmarks._harness import finish, overrides, parser  # noqa: E402
 from benchmarks._traffic import (  # noqa: E402
     Collector,
     Upstream,
@@ -123,8 +112,8 @@ class Plan:
 
 def drive(
     settings: MintSettings,
-    engines: EngineGroup,
-    adapters: list[Adapter],
+    engines: eg.EngineGroup,
+    adapters: list[eg.Adapter],
     plan: Plan,
     waves: list[list[int]],
     *,
@@ -202,7 +191,7 @@ def drive(
 def run_once(
     settings: MintSettings,
     model: Path,
-    adapters: list[Adapter],
+    adapters: list[eg.Adapter],
     plan: Plan,
     waves: list[list[int]],
     log_dir: Path,
@@ -211,7 +200,7 @@ def run_once(
     label: str = "",
 ) -> dict[str, Any]:
     """Start the engines, wait until the group holds all of them, drive the traffic, stop."""
-    engines = EngineGroup(
+    engines = eg.EngineGroup(
         settings,
         model,
         log_dir,
@@ -245,8 +234,7 @@ def run_once(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--smoke", action="store_true", help="2 engines, 100 adapters, short traffic")
+    ap = parser(__doc__, "2 engines, 100 adapters, short traffic")
     ap.add_argument("--kill-one", action="store_true", help="kill -9 one engine halfway")
     ap.add_argument(
         "--order-compare",
@@ -267,13 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the work dir (logs) and topics")
     args = ap.parse_args(argv)
 
-    plan = Plan(
-        partitions=args.partitions,
-        zipf_s=args.zipf_s,
-        max_loras=args.max_loras,
-        seed=args.seed,
-        kill_one=args.kill_one,
-    )
+    plan = Plan()
     if args.smoke:
         plan.engines, plan.adapters, plan.per_wave, plan.waves, plan.interval_s = 2, 100, 40, 4, 5
     if args.order_compare:
@@ -284,17 +266,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.smoke:
             plan.adapters, plan.max_cpu_loras = 100, 8
             plan.per_wave, plan.waves, plan.interval_s = 80, 3, 8.0
-    for name, value in (
-        ("engines", args.engines),
-        ("adapters", args.adapters),
-        ("max_tokens", args.max_tokens),
-        ("per_wave", args.per_wave),
-        ("waves", args.waves),
-        ("interval_s", args.interval),
-        ("max_cpu_loras", args.max_cpu_loras),
-    ):
-        if value is not None:
-            setattr(plan, name, value)
+    overrides(
+        plan, args, "engines", "adapters", "max_tokens", "per_wave", "waves", interval_s="interval"
+    )
+    overrides(plan, args, "max_cpu_loras", "partitions", "zipf_s", "max_loras", "seed", "kill_one")
     if args.order_compare and plan.adapters <= plan.max_cpu_loras:
         ap.error("--order-compare needs more adapters than --max-cpu-loras")
 
@@ -306,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.getLogger("kafka").setLevel(logging.ERROR)
     work = Path(tempfile.mkdtemp(prefix="mint-multi-engine-"))
-    settings = run_settings(work, partitions=plan.partitions)
+    settings = eg.run_settings(work, partitions=plan.partitions)
     runs: list[MintSettings] = [settings]
     out: dict[str, Any] = {
         "benchmark": "multi_engine",
@@ -319,10 +294,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     try:
         t = time.monotonic()
-        prepare(settings)
-        model = tiny_model(settings)
+        eg.prepare(settings)
+        model = eg.tiny_model(settings)
         with console.status(f"storing {plan.adapters} adapters and importing the catalog"):
-            adapters = build_catalog(settings, model, plan.adapters, work)
+            adapters = eg.build_catalog(settings, model, plan.adapters, work)
         catalog_s = time.monotonic() - t
         say(f"catalog: {len(adapters)} policies with one revision each ({catalog_s:.0f} s)")
         waves = zipf_waves(len(adapters), plan.per_wave, plan.waves, plan.zipf_s, plan.seed)
@@ -334,9 +309,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             both = {}
             for mode in ("demand", "fifo"):  # FIFO second: a warmer page cache, if anything
-                s = run_settings(work, partitions=plan.partitions, keyspace=settings.keyspace)
+                s = eg.run_settings(work, partitions=plan.partitions, keyspace=settings.keyspace)
                 runs.append(s)
-                prepare(s, migrate_keyspace=False)
+                eg.prepare(s, migrate_keyspace=False)
                 both[mode] = run_once(
                     s,
                     model,
@@ -347,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
                     fifo=mode == "fifo",
                     label=f"{mode}: ",
                 )
-                delete_topics(s)
+                eg.delete_topics(s)
             d, f = both["demand"], both["fifo"]
             hot_ratio = f["hot_decile_mean_ms"] / max(d["hot_decile_mean_ms"], 1e-9)
             mean_ratio = f["mean_ms"] / max(d["mean_ms"], 1e-9)
@@ -373,17 +348,13 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             for s in runs:
                 with contextlib.suppress(Exception):
-                    delete_topics(s)
+                    eg.delete_topics(s)
             with contextlib.suppress(Exception):
-                drop_keyspace(settings)
+                eg.drop_keyspace(settings)
             shutil.rmtree(work, ignore_errors=True)
         else:
             say(f"kept {work} (logs) and the topics under prefix {settings.topic_prefix}")
-    out["command"] = " ".join(["python benchmarks/multi_engine.py", *(argv or sys.argv[1:])])
-    missed = [k for k, v in out.get("met", {}).items() if not v]
-    if missed:
-        say(f"[red]missed: {', '.join(missed)}")
-    print(json.dumps(out), flush=True)
+    finish(out, "multi_engine", argv, say)
     return 0
 
 

@@ -42,6 +42,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks._harness import parser  # noqa: E402
+
 POLICIES = 4
 TARGET_WALL_TIME_RATIO = 1.77  # sequential / concurrent, at least (the reference anchor)
 TARGET_PEAK_RSS_RATIO = 1.05  # concurrent / sequential, at most
@@ -242,7 +246,7 @@ def kafka_rollouts(args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = parser(__doc__, "tiny and short (the test suite)")
     ap.add_argument("--model", help="base model folder (default: build a tiny Llama)")
     ap.add_argument("--size", choices=["test", "small"], default="test")
     ap.add_argument("--iterations", type=int, default=8, help="GRPO steps per policy")
@@ -258,7 +262,6 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16, help="tokens per rollout")
     ap.add_argument("--backend", choices=["torch", "deepspeed"], default="torch")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    ap.add_argument("--smoke", action="store_true", help="tiny and short (the test suite)")
     ap.add_argument("--child", choices=["sequential", "concurrent"], help=argparse.SUPPRESS)
     ap.add_argument(
         "--rollouts",
@@ -275,7 +278,6 @@ def main() -> None:
         return
     if args.smoke:
         args.size, args.iterations, args.samples, args.tokens = "test", 3, 4, 8
-    sys.path.insert(0, str(ROOT))
     from schemas.logs import configure_logging
 
     configure_logging("WARNING", "console")  # logs to stderr: stdout carries the one JSON line

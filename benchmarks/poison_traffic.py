@@ -36,7 +36,6 @@ restarted (as a supervisor would) and counted, with its log's last lines.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -56,6 +55,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import _engine_group as eg  # noqa: E402
 from benchmarks._adapters import import_rows  # noqa: E402
 from benchmarks._engine_group import say  # noqa: E402
+from benchmarks._harness import finish, overrides, parser  # noqa: E402
 from benchmarks._poison import Engines, Supervisor, Upstream  # noqa: E402
 from benchmarks._poison_figures import figures  # noqa: E402
 from benchmarks._poison_lifecycle import Lifecycle, store_revisions  # noqa: E402
@@ -346,12 +346,7 @@ def run(plan: Plan, smoke: bool, keep: bool) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "--smoke",
-        action="store_true",
-        help="2 policies per tenant, 15 s per phase, each bad kind once",
-    )
+    ap = parser(__doc__, "2 policies per tenant, 15 s per phase, each bad kind once")
     ap.add_argument("--per-tenant", type=int, default=None, help="ordinary policies per tenant")
     ap.add_argument("--phase-s", type=float, default=None, help="seconds of traffic per phase")
     ap.add_argument("--interval", type=float, default=None, help="seconds between requests")
@@ -364,13 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         plan.per_tenant, plan.interval_s, plan.duration_s = 2, 0.4, 15.0
         plan.answer_timeout_s, plan.max_restarts = 90.0, 2
-    for name, value in (
-        ("per_tenant", args.per_tenant),
-        ("duration_s", args.phase_s),
-        ("interval_s", args.interval),
-    ):
-        if value is not None:
-            setattr(plan, name, value)
+    overrides(plan, args, "per_tenant", duration_s="phase_s", interval_s="interval")
     if args.kinds:
         plan.kinds = tuple(args.kinds.split(","))
         unknown = [k for k in plan.kinds if k not in KINDS]
@@ -386,11 +375,7 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.getLogger("kafka").setLevel(logging.ERROR)
     out = run(plan, args.smoke, args.keep)
-    out["command"] = " ".join(["python benchmarks/poison_traffic.py", *(argv or sys.argv[1:])])
-    missed = [k for k, v in out.get("met", {}).items() if not v]
-    if missed:
-        say(f"[red]missed: {', '.join(missed)}")
-    print(json.dumps(out), flush=True)
+    missed = finish(out, "poison_traffic", argv, say)
     return 0 if out.get("met") and not missed else 1
 
 

@@ -26,10 +26,7 @@ targets per row: MinT tokens/s ≥ 0.9 × vllm serve's, MinT TTFT p50 ≤ vllm s
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
-import os
 import shutil
 import signal
 import sys
@@ -44,16 +41,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._harness import targets_and_met  # noqa: E402
-from benchmarks._openai_load import (  # noqa: E402
-    Run,
-    chat_prompts,
-    cpu_seconds,
-    figures,
-    pooled,
-    run_load,
-    same_text_share,
-)
+from benchmarks import _openai_load as ol  # noqa: E402
+from benchmarks._harness import emit, load_1m, machine, parser, targets_and_met  # noqa: E402
+from benchmarks._openai_load import Run, chat_prompts, run_load  # noqa: E402
 
 TARGET_TPS_RATIO = 0.9
 TARGET_TTFT_DIFF_MS = 25.0
@@ -183,15 +173,15 @@ def run_rows(
             prompts = chat_prompts(len(adapter_of))
             models = [model_of(a) for a in adapter_of]
             wait_quiet(args.wait_quiet)
-            load_before = round(os.getloadavg()[0], 2)
-            cpu_before = {n: cpu_seconds([pid]) for n, pid in servers.items()}
+            load_before = load_1m()
+            cpu_before = {n: ol.cpu_seconds([pid]) for n, pid in servers.items()}
             results, wall_s = run_load(
                 url, key, models, prompts, clients=args.clients, max_tokens=args.max_tokens
             )
-            cpu = {n: round(cpu_seconds([pid]) - cpu_before[n], 1) for n, pid in servers.items()}
-            load = [load_before, round(os.getloadavg()[0], 2)]
+            cpu = {n: round(ol.cpu_seconds([pid]) - cpu_before[n], 1) for n, pid in servers.items()}
+            load = [load_before, load_1m()]
             out[name].append(Run(results, wall_s, load, cpu))
-            say(f"{name}: {figures(results, wall_s)} load {load} cpu {cpu}")
+            say(f"{name}: {ol.figures(results, wall_s)} load {load} cpu {cpu}")
     return out
 
 
@@ -331,7 +321,7 @@ def check_services(settings) -> None:
 
 
 def compare(vllm: list[Run], mint: list[Run]) -> dict:
-    v, m = pooled(vllm), pooled(mint)
+    v, m = ol.pooled(vllm), ol.pooled(mint)
     tps_ratio = m["output_tps"] / v["output_tps"] if v["output_tps"] else 0.0
     ttft = None
     if m["ttft_ms_p50"] is not None and v["ttft_ms_p50"] is not None:
@@ -341,20 +331,17 @@ def compare(vllm: list[Run], mint: list[Run]) -> dict:
         "mint": m,
         "tps_ratio": round(tps_ratio, 3),
         "ttft_p50_diff_ms": ttft,
-        "same_text_share": same_text_share(vllm, mint),
+        "same_text_share": ol.same_text_share(vllm, mint),
     }
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--smoke", action="store_true", help="8 prompts, 4 clients, 16 tokens")
-    ap.add_argument("--prompts", type=int, default=None, help="requests per row (default 64)")
-    ap.add_argument("--clients", type=int, default=None, help="streaming clients (default 16)")
-    ap.add_argument("--max-tokens", type=int, default=None, help="per answer (default 64)")
-    ap.add_argument("--adapters", type=int, default=None, help="in rotation (default 32)")
-    ap.add_argument(
-        "--repeats", type=int, default=None, help="timed runs of each row per side (default 3)"
-    )
+    ap = parser(__doc__, "8 prompts, 4 clients, 16 tokens")
+    ap.size("--prompts", 8, 64, "requests per row")
+    ap.size("--clients", 4, 16, "streaming clients")
+    ap.size("--max-tokens", 16, 64, "per answer")
+    ap.size("--adapters", 4, 32, "in rotation")
+    ap.size("--repeats", 1, 3, "timed runs of each row per side")
     ap.add_argument(
         "--wait-quiet",
         type=float,
@@ -366,11 +353,6 @@ def main() -> int:
     # SIGTERM (a supervisor ending the run) unwinds like Ctrl-C: the servers this run started
     # stop, its keyspace and topics are dropped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    args.prompts = args.prompts or (8 if args.smoke else 64)
-    args.clients = args.clients or (4 if args.smoke else 16)
-    args.max_tokens = args.max_tokens or (16 if args.smoke else 64)
-    args.adapters = args.adapters or (4 if args.smoke else 32)
-    args.repeats = args.repeats or (1 if args.smoke else 3)
 
     from schemas.logs import configure_logging
     from schemas.settings import MintSettings
@@ -421,12 +403,10 @@ def main() -> int:
             **out_rows,
             "rotation_adapters": args.adapters,
             "wall_s": round(time.perf_counter() - started, 1),
-            "load_1m": round(os.getloadavg()[0], 2),
-            "cpus": os.cpu_count(),
+            **machine(),
             **targets_and_met(**checks),
         }
-        print(json.dumps(out))
-        return 0 if all(out["met"].values()) else 1
+        return emit(out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -16,10 +16,8 @@ cost per token (its ratio) at most 1.2 × vllm serve's. Exit 1 if missed.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -31,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._harness import targets_and_met  # noqa: E402
+from benchmarks._harness import emit, machine, parser, targets_and_met  # noqa: E402
 from benchmarks._openai_load import TOPICS  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
@@ -134,13 +132,10 @@ def vllm_serve(model: Path, adapter: Path, work: Path) -> Iterator[str]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--smoke", action="store_true", help="4 prompts, 48 tokens")
-    ap.add_argument("--prompts", type=int, default=None, help="per variant (default 24)")
-    ap.add_argument("--max-tokens", type=int, default=None, help="per answer (default 64)")
+    ap = parser(__doc__, "4 prompts, 48 tokens")
+    ap.size("--prompts", 4, 24, "per variant")
+    ap.size("--max-tokens", 48, 64, "per answer")
     args = ap.parse_args()
-    args.prompts = args.prompts or (4 if args.smoke else 24)
-    args.max_tokens = args.max_tokens or (48 if args.smoke else 64)
 
     from benchmarks.serving_vs_vllm import ENGINE, make_adapters, mint_stack
     from schemas.logs import configure_logging
@@ -181,12 +176,10 @@ def main() -> int:
         "mint_ratio_over_vllm_ratio": round(over, 3),
         "same_schema_texts": vllm["texts"] == mint_figures["texts"],
         "wall_s": round(time.perf_counter() - started, 1),
-        "load_1m": round(os.getloadavg()[0], 2),
-        "cpus": os.cpu_count(),
+        **machine(),
         **targets_and_met(mint_ratio_over_vllm_ratio=(over, "<=", TARGET_RATIO_OVER_VLLM)),
     }
-    print(json.dumps(out))
-    return 0 if all(out["met"].values()) else 1
+    return emit(out)
 
 
 if __name__ == "__main__":

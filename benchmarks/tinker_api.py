@@ -52,8 +52,10 @@ def sequences(tokenizer, count: int, length: int) -> list[list[int]]:
 def main() -> int:
     ap = parser(__doc__, "tiny Llama, 2 × 32 tokens, 3 steps")
     ap.add_argument("--steps", type=int, default=None, help="timed steps per path (default 10)")
-    ap.add_argument("--sequences", type=int, default=None, help="sequences per step (default 8)")
-    ap.add_argument("--tokens", type=int, default=None, help="tokens per sequence (default 128)")
+    ap.size("--sequences", 2, 8, "sequences per step")
+    ap.size("--tokens", 32, 128, "tokens per sequence")
+    ap.size("--kill-every", 3.0, 20.0, "with --kill: seconds between kills")
+    ap.size("--min-kills", 2, 4, "with --kill: step on until this many kills")
     ap.add_argument("--rank", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2, help="torch threads of both paths")
     ap.add_argument("--gateways", type=int, default=1, help="gateway processes, round-robin")
@@ -65,33 +67,20 @@ def main() -> int:
         help="every --kill-every s: SIGKILL a gateway (the default) or the trainer worker and "
         "start it again, or kill Kafka for 3 s (mint dev's broker: do not run beside tests)",
     )
-    ap.add_argument(
-        "--kill-every", type=float, default=None, help="seconds between kills (20; smoke 3)"
-    )
-    ap.add_argument(
-        "--min-kills",
-        type=int,
-        default=None,
-        help="with --kill: step on until this many (4; smoke 2)",
-    )
     args = ap.parse_args()
     if args.kill == "gateway" and args.gateways < 2:
         ap.error("--kill needs --gateways 2 or more: one instance must stay up while one restarts")
-    kill_every = args.kill_every or (3.0 if args.smoke else 20.0)
-    min_kills = args.min_kills or (2 if args.smoke else 4)
     steps = args.steps or ((24 if args.kill else 3) if args.smoke else 10)
-    count = args.sequences or (2 if args.smoke else 8)
-    length = args.tokens or (32 if args.smoke else 128)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
     from schemas.logs import configure_logging
 
     configure_logging("WARNING", "console")
     with trainer_run("tk", args.smoke, args.threads) as run:
-        return measure(args, run, steps, count, length, kill_every, min_kills)
+        return measure(args, run, steps)
 
 
-def measure(args, run, steps: int, count: int, length: int, kill_every: float, min_kills: int):
+def measure(args, run, steps: int) -> int:
     """The SDK's steps beside the in-process trainer's, on ``run`` (the trainer worker up)."""
     import tinker
     import torch
@@ -114,7 +103,7 @@ def measure(args, run, steps: int, count: int, length: int, kill_every: float, m
             url = run.gateway()
 
         tokenizer = AutoTokenizer.from_pretrained(model)
-        seqs = sequences(tokenizer, count, length)
+        seqs = sequences(tokenizer, args.sequences, args.tokens)
         batch = [
             types.Datum(
                 model_input=types.ModelInput.from_ints(s[:-1]),
@@ -179,7 +168,7 @@ def measure(args, run, steps: int, count: int, length: int, kill_every: float, m
                 "trainer": lambda: kill_trainer(run.workers),
                 "kafka": lambda: kill_kafka(run.base),  # (the dev broker: its state folder)
             }[args.kill]()
-            faults_thread = Faults(harm, kill_every)
+            faults_thread = Faults(harm, args.kill_every)
         for name in call_ms:
             call_ms[name].clear()
         sdk_s, inproc_s, sdk_loss, inproc_loss = [], [], [], []
@@ -189,7 +178,7 @@ def measure(args, run, steps: int, count: int, length: int, kill_every: float, m
         # With --kill: at least ``steps`` steps, and on until ``min_kills`` kills happened.
         while i < steps or (
             args.kill
-            and faults_thread.count < min_kills
+            and faults_thread.count < args.min_kills
             and faults_thread.error is None
             and i < 50 * steps
         ):
@@ -223,7 +212,7 @@ def measure(args, run, steps: int, count: int, length: int, kill_every: float, m
             "benchmark": "tinker_api",
             "smoke": args.smoke,
             "model": run.model_name,
-            "batch": {"sequences": count, "tokens": length, "rank": args.rank},
+            "batch": {"sequences": args.sequences, "tokens": args.tokens, "rank": args.rank},
             "steps": len(sdk_s),
             "threads": args.threads,
             "overhead_ratio": round(ratio, 3),
@@ -246,7 +235,7 @@ def measure(args, run, steps: int, count: int, length: int, kill_every: float, m
             "killed": args.kill,
             "kills": faults_thread.count if faults_thread is not None else 0,
             "fault_error": faults_thread.error if faults_thread is not None else None,
-            "kill_every_s": kill_every if args.kill else None,
+            "kill_every_s": args.kill_every if args.kill else None,
             "lost": faults["lost"],
             "futures_404": faults["futures_404"],
             "applied_twice": differ,

@@ -95,8 +95,8 @@ def group_centred(rewards: list[float], by_std: bool) -> list[float]:
 
 def main() -> int:
     ap = parser(__doc__, "tiny Llama, toy reward, 2 rounds")
-    ap.add_argument("--rounds", type=int, default=None, help="RL rounds (default 3; smoke 2)")
-    ap.add_argument("--lr", type=float, default=None, help="Adam lr (default 1.5e-3; smoke 5e-2)")
+    ap.size("--rounds", 2, 3, "RL rounds")
+    ap.size("--lr", 5e-2, 1.5e-3, "Adam lr")
     ap.add_argument("--samples", type=int, default=8, help="samples per training prompt")
     ap.add_argument("--rank", type=int, default=8)
     ap.add_argument(
@@ -110,8 +110,7 @@ def main() -> int:
     )
     ap.add_argument("--threads", type=int, default=2, help="the trainer's torch threads")
     args = ap.parse_args()
-    rounds = args.rounds or (2 if args.smoke else 3)
-    lr = args.lr or (5e-2 if args.smoke else 1.5e-3)
+    rounds, lr = args.rounds, args.lr
     if not 1 <= rounds <= 3:
         ap.error(f"--rounds {rounds}: run 1…3 rounds")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
