@@ -70,17 +70,10 @@ def prepare(settings: MintSettings, *, migrate_keyspace: bool = True) -> None:
 
 
 def delete_topics(settings: MintSettings) -> None:
-    from streams.clients import make_admin
-    from streams.topics import TOPICS
+    """Every topic of the run's prefix (tenants' copies too)."""
+    from streams.topics import delete_topics as delete
 
-    admin = make_admin(settings)
-    try:
-        existing = set(admin.list_topics())
-        names = [settings.topic(n) for n in TOPICS if settings.topic(n) in existing]
-        if names:
-            admin.delete_topics(names)
-    finally:
-        admin.close()
+    delete(settings)
 
 
 def drop_keyspace(settings: MintSettings) -> None:

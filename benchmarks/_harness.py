@@ -183,7 +183,7 @@ def run_settings(name: str, work: Path, base=None, **update: Any):
 @contextlib.contextmanager
 def run_space(settings) -> Iterator[Any]:
     """The run's topics and migrated keyspace; yields a Cassandra session. Both are dropped on
-    the way out (a failed topic deletion is only reported: it is cleanup)."""
+    the way out (a failure to drop them is only reported)."""
     from catalog.cluster import connect
     from catalog.migrate import migrate
     from streams.topics import delete_topics, ensure_topics
@@ -194,12 +194,13 @@ def run_space(settings) -> Iterator[Any]:
         migrate(session, settings.keyspace, settings.keyspace_replication)
         yield session
     finally:
-        session.execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}", timeout=120)
-        cluster.shutdown()
-        try:
+        try:  # cleanup only: a run's figures stand when it fails
+            session.execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}", timeout=120)
             delete_topics(settings)
-        except Exception as e:  # cleanup only
-            print(f"could not delete the benchmark's topics: {e}", file=sys.stderr)
+        except Exception as e:
+            print(f"could not drop the run's keyspace or topics: {e}", file=sys.stderr)
+        finally:
+            cluster.shutdown()
 
 
 def bench_model(smoke: bool, work: Path, models_dir: Path) -> tuple[Path, str]:

@@ -137,7 +137,7 @@ def main() -> int:
     ap.size("--max-tokens", 48, 64, "per answer")
     args = ap.parse_args()
 
-    from benchmarks.serving_vs_vllm import ENGINE, make_adapters, mint_stack
+    from benchmarks._mint_stack import ENGINE, make_adapters, mint_stack
     from schemas.logs import configure_logging
     from schemas.settings import MintSettings
     from workers.models.pretrained import fetch
