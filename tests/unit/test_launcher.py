@@ -4,6 +4,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -148,13 +149,21 @@ def _fake_storage_tool(cmd, **kwargs):
     return subprocess.CompletedProcess(cmd, 0, stdout=out, stderr="")
 
 
-def test_a_cluster_does_not_start_over_a_running_single_pair(tmp_path) -> None:
+def test_a_cluster_does_not_start_over_a_running_single_pair(tmp_path, monkeypatch) -> None:
+    def must_not_start(*args, **kwargs):  # a miss here once left two real Cassandra nodes up
+        raise AssertionError("launcher.up started a service over a running single pair")
+
+    monkeypatch.setattr(launcher, "_start", must_not_start)
     single = launcher.services(MintSettings(state_dir=tmp_path))["kafka"]
     single.home.mkdir(parents=True)
-    # a live process whose command line names the single pair's folder
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", str(single.home)])
+    # a live process whose command line names the single pair's folder (killed below)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", str(single.home)])
     try:
         single.pid_file.write_text(str(proc.pid))
+        # until the child has exec'd, /proc/<pid>/cmdline is still pytest's (seen under load)
+        deadline = time.monotonic() + 30
+        while launcher._read_pid(single) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
         with pytest.raises(launcher.LauncherError, match="stop them first with `mint dev down`"):
             launcher.up(MintSettings(state_dir=tmp_path, dev_nodes=3))
     finally:
