@@ -12,7 +12,6 @@ The lines `mint promote --canary` and `mint rollback` print are written here too
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -23,9 +22,9 @@ from rich.table import Table
 
 from mint.commands import policy_status
 from mint.commands.args import tenant_policy
-from mint.commands.clients import cli_client
+from mint.commands.clients import cli_client, sending
 from mint.commands.errors import one_line_errors
-from mint.commands.listing import _plain, object_output_option
+from mint.commands.listing import echo_json, object_output_option
 from mint.commands.policy_status import describe_rule
 from schemas.events import CanaryRule
 from schemas.events.inference import REQUEST_ID_RE
@@ -235,9 +234,7 @@ def canary_status(policy_id: str, alias: str | None, output: str) -> None:
             click.echo("null")
         return
     if output == "json":
-        click.echo(
-            json.dumps(view_fields(view, tenant, policy), default=_plain, ensure_ascii=False)
-        )
+        echo_json(view_fields(view, tenant, policy))
         return
     print_view(view, where)
 
@@ -280,19 +277,15 @@ def feedback(policy_id: str, request_id: str, score: float, comment: str, timeou
     Example:
       mint feedback acme/math-rl 3f9c2a7e 0.9 --comment "right, and short"
     """
-    from mint.sdk import MintError
-    from streams.exceptions import KafkaUnavailable, PublishError
-
     tenant, policy = tenant_policy(policy_id)
-    try:
-        with cli_client(tenant, timeout) as c:
-            env = c.feedback(policy, request_id, score, comment=comment)
-    except KafkaUnavailable as e:
-        raise MintError(f"{e}; nothing was sent") from None
-    except PublishError as e:
-        raise MintError(
-            f"{e}; the score may or may not be recorded: sending it again may count it twice"
-        ) from None
+    with (
+        sending(
+            "nothing was sent",
+            "the score may or may not be recorded: sending it again may count it twice",
+        ),
+        cli_client(tenant, timeout) as c,
+    ):
+        env = c.feedback(policy, request_id, score, comment=comment)
     say(f"feedback on request {request_id} of {tenant}/{policy}: {score:g} (event {env.event_id})")
 
 

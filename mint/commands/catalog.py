@@ -19,7 +19,8 @@ from mint.commands.cassandra import catalog_session
 from mint.commands.catalog_import import import_cmd
 from mint.commands.errors import one_line_errors
 from mint.commands.lifecycle import move_alias, print_history
-from mint.commands.listing import output_option
+from mint.commands.listing import listing_options
+from mint.commands.options import by_option, wait_option
 from schemas.settings import get_settings
 
 console = Console(stderr=True)
@@ -126,7 +127,7 @@ def rebuild_cmd(target: str | None, compare: bool, drop: bool) -> None:
 @catalog.command("create-policy")
 @click.argument("policy_id")
 @click.option("--base-model", required=True, help="Base model id or path the policy trains on.")
-@click.option("--by", default="cli")
+@by_option
 @one_line_errors
 def create_policy_cmd(policy_id: str, base_model: str, by: str) -> None:
     """Create POLICY_ID (tenant/policy); idempotent for the same base model."""
@@ -155,8 +156,7 @@ def resolve_cmd(reference: str) -> None:
 
 @catalog.command("revisions")
 @click.argument("policy_id")
-@click.option("--limit", default=20)
-@output_option
+@listing_options
 @one_line_errors
 def revisions_cmd(policy_id: str, limit: int, output: str) -> None:
     """List a policy's revisions, newest first, with their aliases, training loss and reward and
@@ -166,23 +166,16 @@ def revisions_cmd(policy_id: str, limit: int, output: str) -> None:
     tenant, policy = tenant_policy(policy_id)
     with shown.catalog_repo() as repo:
         revs = list(islice(repo.iter_revisions(tenant, policy), limit))
-        aliases: dict[int, list[str]] = {}
-        evaluations = {}
+        aliases, evaluations = [], {}
         if revs:
-            for a in repo.list_aliases(tenant, policy):
-                aliases.setdefault(a.revision, []).append(a.alias)
+            aliases = repo.list_aliases(tenant, policy)
             evaluations = repo.evaluations_by_revision(tenant, policy)
-    rows = [
-        shown.revision_row(r, aliases.get(r.revision, []), evaluations.get(r.revision, []))
-        for r in revs
-    ]
-    shown.print_revisions(rows, output, store=True)
+    shown.print_revisions(shown.revision_rows(revs, aliases, evaluations), output, store=True)
 
 
 @catalog.command("history")
 @click.argument("reference")
-@click.option("--limit", default=20)
-@output_option
+@listing_options
 @one_line_errors
 def history_cmd(reference: str, limit: int, output: str) -> None:
     """Show an alias's moves (tenant/policy@alias), newest first."""
@@ -226,9 +219,6 @@ def _move(reference: str, call: Callable[[Any, str, str], Any], timeout: float, 
     )
 
 
-_WAIT = click.option("--timeout", default=60.0, help="Seconds to wait for the controller's answer.")
-
-
 @catalog.command("promote")
 @click.argument("reference")
 @click.option("--to", "to", type=int, required=True, help="Revision number to point at.")
@@ -239,8 +229,8 @@ _WAIT = click.option("--timeout", default=60.0, help="Seconds to wait for the co
     help="Move only if the alias points here now (compare-and-set).",
 )
 @click.option("--reason", default="", show_default=False)
-@click.option("--by", default="cli")
-@_WAIT
+@by_option
+@wait_option()
 @one_line_errors
 def promote_cmd(
     reference: str, to: int, expected: int | None, reason: str, by: str, timeout: float
@@ -264,8 +254,8 @@ def promote_cmd(
 @click.argument("reference")
 @click.option("--to", "to", type=int, default=None, help="Revision (default: the previous one).")
 @click.option("--reason", default="rollback")
-@click.option("--by", default="cli")
-@_WAIT
+@by_option
+@wait_option()
 @one_line_errors
 def rollback_cmd(reference: str, to: int | None, reason: str, by: str, timeout: float) -> None:
     """Move tenant/policy@alias back to its previous target (or to --to).

@@ -11,10 +11,30 @@ from rich.table import Table
 
 from mint.commands.cassandra import catalog_session
 from mint.commands.errors import one_line_errors
+from mint.commands.options import stack
 from schemas.settings import get_settings
 
 console = Console(stderr=True)
 out = Console()
+
+
+def _failure_bucket(flag: str, per: str, burst: int, per_s: float, what: str):
+    """--FLAG-failures-burst and --FLAG-failures-per-s: the token bucket of failed key checks
+    per ``per`` (a key id, a client address)."""
+    return stack(
+        click.option(
+            f"--{flag}-failures-burst",
+            type=int,
+            default=burst,
+            help=f"{what} per {per} before 429s.",
+        ),
+        click.option(
+            f"--{flag}-failures-per-s",
+            type=float,
+            default=per_s,
+            help=f"Then this many per {per} per second.",
+        ),
+    )
 
 
 @click.command("gateway")
@@ -55,30 +75,8 @@ out = Console()
     help="Seconds a key's catalog row is cached: a revoked key stops working within "
     "this on every instance.",
 )
-@click.option(
-    "--key-failures-burst",
-    type=int,
-    default=10,
-    help="Failed key checks (catalog read + scrypt) per key id before 429s.",
-)
-@click.option(
-    "--key-failures-per-s",
-    type=float,
-    default=0.2,
-    help="Then this many per key id per second.",
-)
-@click.option(
-    "--client-failures-burst",
-    type=int,
-    default=20,
-    help="Failed key checks per client address before 429s.",
-)
-@click.option(
-    "--client-failures-per-s",
-    type=float,
-    default=1.0,
-    help="Then this many per client address per second.",
-)
+@_failure_bucket("key", "key id", 10, 0.2, "Failed key checks (catalog read + scrypt)")
+@_failure_bucket("client", "client address", 20, 1.0, "Failed key checks")
 @click.option(
     "--key-check-threads",
     type=int,
@@ -221,8 +219,11 @@ def keys() -> None:
     """
 
 
+_tenant = click.option("--tenant", required=True)
+
+
 @keys.command("create")
-@click.option("--tenant", required=True)
+@_tenant
 @click.option("--name", default="", show_default=False, help="What the key is for, e.g. ci.")
 @one_line_errors
 def keys_create(tenant: str, name: str) -> None:
@@ -236,7 +237,7 @@ def keys_create(tenant: str, name: str) -> None:
 
 
 @keys.command("list")
-@click.option("--tenant", required=True)
+@_tenant
 @one_line_errors
 def keys_list(tenant: str) -> None:
     """TENANT's keys (ids and names; secrets are never stored)."""

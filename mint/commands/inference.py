@@ -25,14 +25,11 @@ def read_json_schema(value: str | None) -> dict[str, Any] | None:
         return None
     text, where = value, "--json-schema"
     if not value.lstrip().startswith("{"):
-        path = Path(value)
-        if not path.is_file():
-            raise click.BadParameter(
-                f"{value!r} is neither a JSON object nor a file; pass a schema such as "
-                '\'{"type": "object", ...}\' or the path of a .json file holding one',
-                param_hint="--json-schema",
-            )
-        text, where = path.read_text(), f"--json-schema {value}"
+        neither = (
+            "a JSON object nor a file; pass a schema such as "
+            '\'{"type": "object", ...}\' or the path of a .json file holding one'
+        )
+        text, where = _file_text(value, "--json-schema", neither), f"--json-schema {value}"
     try:
         schema = json.loads(text)
     except json.JSONDecodeError as e:
@@ -52,13 +49,18 @@ def read_grammar(value: str | None) -> str | None:
     """--grammar: a file holding an EBNF grammar, or the grammar itself (it has a ``::=``)."""
     if value is None or "::=" in value:
         return value
+    neither = (
+        "a file nor a grammar (no '::=' rule); pass the path of an EBNF grammar file or the "
+        'grammar itself, e.g. \'root ::= "yes" | "no"\''
+    )
+    return _file_text(value, "--grammar", neither)
+
+
+def _file_text(value: str, flag: str, neither: str) -> str:
+    """The text of the file ``value`` names; a usage error of ``flag`` when there is none."""
     path = Path(value)
     if not path.is_file():
-        raise click.BadParameter(
-            f"{value!r} is neither a file nor a grammar (no '::=' rule); pass the path of an "
-            'EBNF grammar file or the grammar itself, e.g. \'root ::= "yes" | "no"\'',
-            param_hint="--grammar",
-        )
+        raise click.BadParameter(f"{value!r} is neither {neither}", param_hint=flag)
     return path.read_text()
 
 

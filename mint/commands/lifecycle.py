@@ -16,10 +16,11 @@ from rich.console import Console
 from mint.commands import args
 from mint.commands.args import tenant_policy
 from mint.commands.canary import ended_line, say, started_line, started_rule
-from mint.commands.clients import cli_client
+from mint.commands.clients import cli_client, sending
 from mint.commands.errors import one_line_errors
 from mint.commands.inference import infer  # listed here: a policy's verbs stay together
-from mint.commands.listing import output_option, print_rows, text, when
+from mint.commands.listing import listing_options, output_option, print_rows, text, when
+from mint.commands.options import reason_option, wait_option
 from mint.commands.policy_status import (
     parse_gate,  # noqa: F401  (its callers and tests import it from here)
     policies_configure,
@@ -42,24 +43,18 @@ def move_alias(
     of every operator alias command (`mint promote|rollback`, `mint catalog promote|rollback`):
     the controller is the only writer of aliases, so the catalog never moves without its
     ``alias.moved`` in the log."""
-    from mint.sdk import MintError
-    from mint.sdk.exceptions import WaitTimeout
-    from streams.exceptions import KafkaUnavailable, PublishError
-
     where = f"{tenant}/{policy}@{alias}"
-    try:
-        with cli_client(tenant, timeout_s, producer=by) as c:
-            return call(c)
-    except KafkaUnavailable as e:
-        raise MintError(f"{e}; nothing was sent, {where} did not move") from None
-    except PublishError as e:
-        raise MintError(f"{e}; check `mint history {where}` before sending it again") from None
-    except WaitTimeout as e:
-        raise MintError(
-            f"{e} The command stays on serving.commands: the controller carries it out on "
-            f"{where} when it runs (`mint worker controller`); check `mint history "
-            f"{where}` before sending it again"
-        ) from None
+    again = f"check `mint history {where}` before sending it again"
+    with (
+        sending(
+            f"nothing was sent, {where} did not move",
+            again,
+            "The command stays on serving.commands: the controller carries it out on "
+            f"{where} when it runs (`mint worker controller`); {again}",
+        ),
+        cli_client(tenant, timeout_s, producer=by) as c,
+    ):
+        return call(c)
 
 
 # ---------------------------------------------------------------------- policies
@@ -138,34 +133,26 @@ policies.add_command(policies_retire)
 
 @click.command("revisions")
 @click.argument("policy_id")
-@click.option("--limit", default=20)
-@output_option
+@listing_options
 @one_line_errors
 def revisions(policy_id: str, limit: int, output: str) -> None:
     """A policy's revisions, newest first, with the aliases that point at them, their tags
     (`mint revision tag REF TAG…`), training loss and reward, and each suite's evaluation
     verdict (`mint revision show REF`: one, whole)."""
-    from mint.commands.revisions import print_revisions, revision_row
+    from mint.commands.revisions import print_revisions, revision_rows
 
     tenant, policy = tenant_policy(policy_id)
     with cli_client(tenant) as c:
-        by_rev: dict[int, list[str]] = {}
-        for a in c.aliases(policy):
-            by_rev.setdefault(a.revision, []).append(a.alias)
+        aliases = c.aliases(policy)
         revs = c.revisions(policy)[:limit]
         evaluations = c.evaluations_by_revision(policy) if revs else {}
-        rows = [
-            revision_row(r, by_rev.get(r.revision, []), evaluations.get(r.revision, []))
-            for r in revs
-        ]
-    print_revisions(rows, output)
+    print_revisions(revision_rows(revs, aliases, evaluations), output)
 
 
 @click.command("history")
 @click.argument("reference")
 @click.option("--alias", default=None, help="Alias (default: the @alias of REFERENCE, or prod).")
-@click.option("--limit", default=20)
-@output_option
+@listing_options
 @one_line_errors
 def history(reference: str, alias: str | None, limit: int, output: str) -> None:
     """An alias's moves (catalog history rows), newest first: who moved it, when and why.
@@ -229,8 +216,8 @@ def _share(ctx: click.Context, param: click.Parameter, value: float | None) -> f
     help="Send only this share of the alias's callers (0 < SHARE < 1) to the revision; the "
     "controller promotes it or ends it by the policy's canary rule.",
 )
-@click.option("--reason", default="", show_default=False, help="Recorded in the alias history.")
-@click.option("--timeout", default=60.0, help="Seconds to wait for the move.")
+@reason_option
+@wait_option(what="the move")
 @one_line_errors
 def promote(
     reference: str,
@@ -276,8 +263,8 @@ def promote(
 @click.argument("policy_id")
 @click.option("--alias", default=None, help="The alias to move back (default: prod).")
 @click.option("--to", "to_revision", type=int, default=None, help="Default: the previous target.")
-@click.option("--reason", default="", show_default=False, help="Recorded in the alias history.")
-@click.option("--timeout", default=60.0, help="Seconds to wait for the move.")
+@reason_option
+@wait_option(what="the move")
 @one_line_errors
 def rollback(
     policy_id: str, alias: str, to_revision: int | None, reason: str, timeout: float

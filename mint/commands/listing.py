@@ -5,35 +5,41 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from datetime import datetime
 from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-output_option = click.option(
-    "-o",
-    "--output",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    help="table: for people; json: one object per line (for jq and scripts).",
-)
+from mint.commands.options import limit_option, stack
 
+
+def _output_option(for_people: str, json_is: str) -> Any:
+    return click.option(
+        "-o",
+        "--output",
+        type=click.Choice([for_people, "json"]),
+        default=for_people,
+        help=f"{for_people}: for people; json: {json_is} (for jq and scripts).",
+    )
+
+
+output_option = _output_option("table", "one object per line")
+# A listing newest first: how many rows, and how they print.
+listing_options = stack(limit_option, output_option)
 # Commands that print one object (`revision show`, `policies show`): readable text or one JSON line.
-object_output_option = click.option(
-    "-o",
-    "--output",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    help="text: for people; json: one object (for jq and scripts).",
-)
+object_output_option = _output_option("text", "one object")
 
 Cell = Callable[[Mapping[str, Any]], str]
 
 
 def _plain(value: Any) -> Any:
-    return value.isoformat() if isinstance(value, datetime) else str(value)
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)
+
+
+def echo_json(value: Any) -> None:
+    """``value`` as one JSON line on stdout (times in ISO 8601, anything else not JSON as text)."""
+    click.echo(json.dumps(value, default=_plain, ensure_ascii=False))
 
 
 def print_rows(
@@ -47,7 +53,7 @@ def print_rows(
     row shows in that column) as one table."""
     if output == "json":
         for row in rows:
-            click.echo(json.dumps(row, default=_plain, ensure_ascii=False))
+            echo_json(row)
         return
     table = Table(*columns, title=title)
     for row in rows:

@@ -10,7 +10,6 @@ revisions and aliases stay readable and served. ``--undo`` restores it.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -19,9 +18,9 @@ from rich.console import Console
 from rich.table import Table
 
 from mint.commands.args import tenant_policy
-from mint.commands.clients import cli_client
+from mint.commands.clients import carried_out_later, cli_client, sending
 from mint.commands.errors import one_line_errors
-from mint.commands.listing import _plain, object_output_option
+from mint.commands.listing import echo_json, object_output_option
 from schemas.events import CanaryRule
 
 console = Console(stderr=True)
@@ -58,6 +57,12 @@ def parse_gate(items: tuple[str, ...]) -> dict[str, dict[str, float]]:
     return gate
 
 
+def _rule_option(field: str, type_: click.ParamType, help: str):
+    """--canary-<field> (min_answers: --canary-min-answers), defaulting as the contract does."""
+    flag = "--canary-" + field.replace("_", "-")
+    return click.option(flag, type=type_, default=RULE[field].default, help=help)
+
+
 @click.command("configure")
 @click.argument("policy_id")
 @click.option("--base-model", required=True, help="Base model path or id the policy trains on.")
@@ -67,29 +72,21 @@ def parse_gate(items: tuple[str, ...]) -> dict[str, dict[str, float]]:
 @click.option("--no-auto-promote", is_flag=True, help="Evaluate, but let people promote.")
 @click.option("--rollback-metric", default=None, help="Metric watched on the serving revision.")
 @click.option("--tolerance", default=0.0, help="Allowed drop before rollback.")
-@click.option(
-    "--canary-min-answers",
-    type=click.IntRange(1, 10_000_000),
-    default=RULE["min_answers"].default,
-    help="Canary answers before it is judged.",
+@_rule_option("min_answers", click.IntRange(1, 10_000_000), "Canary answers before it is judged.")
+@_rule_option(
+    "min_scores",
+    click.IntRange(0, 10_000_000),
+    "Canary feedback scores before it is judged (0: none needed).",
 )
-@click.option(
-    "--canary-min-scores",
-    type=click.IntRange(0, 10_000_000),
-    default=RULE["min_scores"].default,
-    help="Canary feedback scores before it is judged (0: none needed).",
+@_rule_option(
+    "max_failure_increase",
+    click.FloatRange(0.0, 1.0),
+    "How far the canary's failure rate may exceed the incumbent's.",
 )
-@click.option(
-    "--canary-max-failure-increase",
-    type=click.FloatRange(0.0, 1.0),
-    default=RULE["max_failure_increase"].default,
-    help="How far the canary's failure rate may exceed the incumbent's.",
-)
-@click.option(
-    "--canary-max-score-drop",
-    type=click.FloatRange(0.0, 1.0),
-    default=RULE["max_score_drop"].default,
-    help="How far the canary's mean feedback score may fall below the incumbent's.",
+@_rule_option(
+    "max_score_drop",
+    click.FloatRange(0.0, 1.0),
+    "How far the canary's mean feedback score may fall below the incumbent's.",
 )
 @one_line_errors
 def policies_configure(
@@ -210,7 +207,7 @@ def policies_show(policy_id: str, output: str) -> None:
         config = policy_configuration(repo, tenant, policy)
     row = policy_fields(pol, aliases, page[0].revision if page else None, config)
     if output == "json":
-        click.echo(json.dumps(row, default=_plain, ensure_ascii=False))
+        echo_json(row)
         return
     grid = Table.grid(padding=(0, 2))
     grid.add_row("policy", f"{tenant}/{policy}")
@@ -279,32 +276,24 @@ def policies_retire(policy_id: str, reason: str, undo: bool, timeout: float) -> 
       mint policies retire acme/math-rl --reason "superseded by math-rl-v2"
       mint policies retire acme/math-rl --undo
     """
-    from mint.sdk import MintError
-    from mint.sdk.exceptions import WaitTimeout
-    from streams.exceptions import KafkaUnavailable, PublishError
-
     tenant, policy = tenant_policy(policy_id)
     verb = "restore" if undo else "retire"
-    try:
-        with cli_client(tenant, timeout) as c:
-            pol = c.policy(policy)  # PolicyNotFound: nothing sent
-            if (pol.retired_at is None) == undo:
-                console.print(f"{policy_id} is {'not ' if undo else ''}retired: nothing to do")
-                if not undo:
-                    console.print(f"  retired: {_retired(pol)}")
-                return
-            pol = c.retire(policy, reason=reason, undo=undo, timeout_s=timeout)
-    except KafkaUnavailable as e:
-        raise MintError(f"{e}; nothing was sent, {policy_id} was not {verb}d") from None
-    except PublishError as e:
-        raise MintError(
-            f"{e}; check `mint policies show {policy_id}` before sending it again"
-        ) from None
-    except WaitTimeout as e:
-        raise MintError(
-            f"{e} The command is on serving.commands: the controller carries it out when it "
-            f"runs (`mint worker controller`); `mint policies show {policy_id}` shows when"
-        ) from None
+    check = f"mint policies show {policy_id}"
+    with (
+        sending(
+            f"nothing was sent, {policy_id} was not {verb}d",
+            f"check `{check}` before sending it again",
+            carried_out_later(check),
+        ),
+        cli_client(tenant, timeout) as c,
+    ):
+        pol = c.policy(policy)  # PolicyNotFound: nothing sent
+        if (pol.retired_at is None) == undo:
+            console.print(f"{policy_id} is {'not ' if undo else ''}retired: nothing to do")
+            if not undo:
+                console.print(f"  retired: {_retired(pol)}")
+            return
+        pol = c.retire(policy, reason=reason, undo=undo, timeout_s=timeout)
     if pol.retired_at is None:
         console.print(f"{policy_id} restored: revisions can be registered and promoted again")
     else:

@@ -5,7 +5,6 @@ field of one revision, each evaluation with all its metrics against its threshol
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterable, Iterator, Mapping
@@ -17,9 +16,16 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from mint.commands.clients import cli_client
+from mint.commands.clients import carried_out_later, cli_client, sending
 from mint.commands.errors import one_line_errors
-from mint.commands.listing import Cell, object_output_option, print_rows, text, when
+from mint.commands.listing import (
+    Cell,
+    echo_json,
+    object_output_option,
+    print_rows,
+    text,
+    when,
+)
 from schemas.names import TagName
 from schemas.settings import get_settings
 
@@ -82,6 +88,19 @@ def revision_row(
         "evaluations": {e.suite: evaluation_fields(e) for e in sorted(evaluations, key=_suite)},
     }
     return row
+
+
+def revision_rows(
+    revs: Iterable[Any], aliases: Iterable[Any], evaluations: Mapping[int, list[Any]]
+) -> list[dict[str, Any]]:
+    """The rows of `mint revisions` and `mint catalog revisions`: each revision with the
+    aliases (catalog.models.Alias) that point at it and its evaluations (by revision)."""
+    by_rev: dict[int, list[str]] = {}
+    for a in aliases:
+        by_rev.setdefault(a.revision, []).append(a.alias)
+    return [
+        revision_row(r, by_rev.get(r.revision, []), evaluations.get(r.revision, [])) for r in revs
+    ]
 
 
 def _suite(e: Any) -> str:
@@ -174,7 +193,7 @@ def show(reference: str, output: str) -> None:
     row = revision_row(rev, aliases, evaluations)
     row = {"tenant": tenant, "policy": policy, **row, "metadata": dict(rev.metadata)}
     if output == "json":
-        click.echo(json.dumps(row, default=_plain, ensure_ascii=False))
+        echo_json(row)
         return
     print_revision(row)
 
@@ -240,10 +259,7 @@ def tag(reference: str, tags: list[str], remove: list[str], timeout: float) -> N
     """
     from catalog.exceptions import InvalidReference
     from catalog.refs import parse_ref
-    from mint.sdk import MintError
-    from mint.sdk.exceptions import WaitTimeout
     from schemas.events.serving import check_tag_change
-    from streams.exceptions import KafkaUnavailable, PublishError
 
     try:  # before connecting: the command's own rule
         check_tag_change(tags, remove)
@@ -265,20 +281,16 @@ def tag(reference: str, tags: list[str], remove: list[str], timeout: float) -> N
         with catalog_repo() as repo:
             number = repo.resolve(ref).revision
     where = f"{ref.tenant}/{ref.policy}@{number}"
-    try:
-        with cli_client(ref.tenant, timeout) as c:
-            now = c.tag(ref.policy, number, add=tags, remove=remove)
-    except KafkaUnavailable as e:
-        raise MintError(f"{e}; nothing was sent, {where} was not tagged") from None
-    except PublishError as e:
-        raise MintError(
-            f"{e}; check `mint revision show {where}` before sending it again"
-        ) from None
-    except WaitTimeout as e:
-        raise MintError(
-            f"{e} The command is on serving.commands: the controller carries it out when it "
-            f"runs (`mint worker controller`); `mint revision show {where}` shows when"
-        ) from None
+    check = f"mint revision show {where}"
+    with (
+        sending(
+            f"nothing was sent, {where} was not tagged",
+            f"check `{check}` before sending it again",
+            carried_out_later(check),
+        ),
+        cli_client(ref.tenant, timeout) as c,
+    ):
+        now = c.tag(ref.policy, number, add=tags, remove=remove)
     click.echo(f"{where}: {', '.join(now) or 'no tags'}")
 
 
@@ -311,10 +323,6 @@ def download(reference: str, dest: Path) -> None:
     stored = AdapterStore.from_settings(get_settings()).open(rev.store_uri, owner=(tenant, policy))
     files = write_peft_folder(stored, dest)
     console.print(f"{rev.ref} ({rev.digest}) -> {dest}: {', '.join(files)}")
-
-
-def _plain(value: Any) -> Any:
-    return value.isoformat() if hasattr(value, "isoformat") else str(value)
 
 
 def print_revision(row: Mapping[str, Any]) -> None:

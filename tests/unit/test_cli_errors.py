@@ -13,11 +13,12 @@ from kafka.errors import KafkaConfigurationError
 from catalog.cluster import CassandraUnavailable
 from catalog.exceptions import InvalidReference
 from mint.cli import main
+from mint.commands.clients import carried_out_later, sending
 from mint.commands.errors import one_line_errors
 from mint.dev.launcher import LauncherError
 from mint.sdk import WaitTimeout
-from schemas.exceptions import EventValidationError
-from streams.exceptions import KafkaUnavailable
+from schemas.exceptions import EventValidationError, MintError
+from streams.exceptions import KafkaUnavailable, PublishError
 from workers.models.exceptions import ModelBuildError
 
 
@@ -159,6 +160,7 @@ def test_a_command_fails_at_once_where_no_broker_listens() -> None:
 _DRIVER_SCRIPT = """
 import logging
 from mint.cli import main
+from mint.commands.clients import carried_out_later, sending
 from mint.commands.errors import one_line_errors
 from schemas.exceptions import MintError
 
@@ -210,3 +212,26 @@ def test_the_cassandra_drivers_tracebacks_stay_off_the_terminal() -> None:
 def test_debug_logging_keeps_the_drivers_tracebacks() -> None:
     result = _driver_fails("DEBUG")
     assert result.returncode == 1 and result.stderr.count("Traceback") == 2, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("error", "says"),
+    [
+        (KafkaUnavailable("no broker"), "no broker; nothing was sent"),
+        (PublishError("cut off"), "cut off; check `x` before sending it again"),
+        (WaitTimeout("no answer in 1 s"), "no answer in 1 s later: `x` shows when"),
+    ],
+)
+def test_a_command_that_sends_says_whether_it_was_sent(error: Exception, says: str) -> None:
+    with (
+        pytest.raises(MintError) as got,
+        sending("nothing was sent", "check `x` before sending it again", "later: `x` shows when"),
+    ):
+        raise error
+    assert str(got.value) == says and got.value.__suppress_context__
+
+
+def test_without_words_for_a_late_answer_the_wait_timeout_stays() -> None:
+    with pytest.raises(WaitTimeout), sending("nothing was sent", "maybe sent"):
+        raise WaitTimeout("no answer in 1 s")
+    assert carried_out_later("mint history a/b@prod").endswith("`mint history a/b@prod` shows when")
