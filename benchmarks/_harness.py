@@ -109,7 +109,7 @@ def finish(line: dict[str, Any], script: str, argv: list[str] | None, say=None) 
     missed = [k for k, v in line.get("met", {}).items() if not v]
     if missed:
         (say or (lambda m: print(m, file=sys.stderr)))(f"[red]missed: {', '.join(missed)}")
-    print(json.dumps(line, default=str), flush=True)
+    emit(line, default=str)
     return missed
 
 
