@@ -129,6 +129,8 @@ class SampleRequest(Body):
     topk_prompt_logprobs: int = 0
     topk_sample_logprobs: int = 0
     prompt_alt_tokens_k: int = 0
+    prompt_logprobs_last_n: int | None = None
+    target_prompt_logprobs: dict[str, Any] | None = None  # (a TensorData: refused, named)
 
 
 class FutureRetrieveRequest(Body):

@@ -356,16 +356,17 @@ class TinkerApi:
         ids = [f"{request_id}.{i}" for i in range(req.num_samples)]
         if first is not None:
             return {"request_id": first, "sample_sequence_ids": ids}
-        payloads = sampling.infer_requests(req, revision, request_id, self.gw.config)
-        context = {"sample": sampling.sample_context(payloads, policy, revision)}
+        payloads, sample = sampling.plan(req, policy, revision, request_id, self.gw.config)
         entry = await self.answers.open(
-            request_id, tenant, "sample", event_id, leased=True, **context
+            request_id, tenant, "sample", event_id, leased=True, sample=sample
         )
-        self._start_sample(entry, Ref(tenant, policy, revision=revision), payloads)
+        self._start_sample(entry, Ref(tenant, policy, revision=revision), payloads, sample)
         return {"request_id": request_id, "sample_sequence_ids": ids}
 
-    def _start_sample(self, entry: Entry, ref: Ref, payloads: list[InferRequested]) -> None:
-        task = asyncio.create_task(self._run_sample(entry, ref, payloads))
+    def _start_sample(self, entry: Entry, ref: Ref, payloads: list[InferRequested], sample: dict):
+        """Run ``payloads`` on the engines and answer as ``sample`` (its context) says."""
+        answer = sampling.answer_from(sample)
+        task = asyncio.create_task(self._run_sample(entry, ref, payloads, answer))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -386,15 +387,17 @@ class TinkerApi:
         payloads = sampling.payloads_from(sample, self._request_id(), timeout_s)
         ref = Ref(tenant, sample["policy"], revision=sample["revision"])
         log.info("tinker sample taken over", request_id=row.request_id, policy=ref.policy)
-        self._start_sample(entry, ref, payloads)
+        self._start_sample(entry, ref, payloads, sample)
         return entry
 
-    async def _run_sample(self, entry: Entry, ref: Ref, payloads: list[InferRequested]) -> None:
+    async def _run_sample(
+        self, entry: Entry, ref: Ref, payloads: list[InferRequested], answer: sampling.Answer
+    ) -> None:
         lease = asyncio.create_task(self.answers.renew_while_running(entry))
         try:
             shown = f"{ref.policy}@{payloads[0].revision}"
             done = await self.gw.run(ref, shown, payloads, uuid.uuid4())
-            outcome: Outcome = Done(proto=sampling.sample_response(done))
+            outcome: Outcome = Done(proto=sampling.sample_response(done, answer))
         except ApiError as e:
             outcome = Failed(e.message, "user" if e.status < 500 else "server")
         except Exception as e:  # a bug of ours: the caller still hears of it

@@ -213,15 +213,46 @@ def encode_forward_backward_output(logprobs: list[list[float]], metrics: dict[st
     return out.SerializeToString()
 
 
+# Tinker's filler for a top-k cell with no token (``tinker.types.topk_logprobs.MASK_LOGPROB``):
+# a row that starts with it is None to the SDK, and trailing ones are dropped.
+MASK_TOKEN, MASK_LOGPROB = 0, -99999.0
+
+
+@dataclass(frozen=True)
+class TopK:
+    """Top-k logprobs per position: up to ``k`` (token id, logprob) pairs, or None."""
+
+    k: int
+    rows: list[list[tuple[int, float]] | None]
+
+
 @dataclass(frozen=True)
 class WireSequence:
     stop_reason: str  # "stop" | "length"
     tokens: list[int]
     logprobs: list[float] | None
+    topk: TopK | None = None
 
 
-def encode_sample_response(sequences: list[WireSequence]) -> bytes:
-    """A ``SampleResponse`` with one ``SampledSequence`` per sample (tokens and logprobs)."""
+def _topk(topk: TopK, out: pb.TopkLogprobs) -> None:
+    """``TopkLogprobs``: two dense (length, k) matrices, int32 ids and float32 logprobs, the
+    cells past a row's tokens (all of a None row) filled with the SDK's mask."""
+    ids = np.full((len(topk.rows), topk.k), MASK_TOKEN, dtype="<i4")
+    lps = np.full((len(topk.rows), topk.k), MASK_LOGPROB, dtype="<f4")
+    for i, row in enumerate(topk.rows):
+        for j, (token, logprob) in enumerate((row or [])[: topk.k]):
+            ids[i, j], lps[i, j] = token, logprob
+    out.token_ids, out.logprobs = ids.tobytes(), lps.tobytes()
+    out.k, out.length = topk.k, len(topk.rows)
+
+
+def encode_sample_response(
+    sequences: list[WireSequence],
+    prompt_logprobs: list[float | None] | None = None,
+    topk_prompt: TopK | None = None,
+) -> bytes:
+    """A ``SampleResponse`` with one ``SampledSequence`` per sample (tokens, logprobs, top-k),
+    and the prompt's logprobs (float32, NaN where None: the SDK reads NaN as None) and top-k."""
     out = pb.SampleResponse()
     for seq in sequences:
         item = out.sequences.add(
@@ -230,4 +261,11 @@ def encode_sample_response(sequences: list[WireSequence]) -> bytes:
         )
         if seq.logprobs is not None:
             item.logprobs = np.asarray(seq.logprobs, dtype="<f4").tobytes()
+        if seq.topk is not None:
+            _topk(seq.topk, item.topk_sampled_logprobs)
+    if prompt_logprobs is not None:
+        values = [math.nan if v is None else v for v in prompt_logprobs]
+        out.prompt_logprobs = np.asarray(values, dtype="<f4").tobytes()
+    if topk_prompt is not None:
+        _topk(topk_prompt, out.topk_prompt_logprobs)
     return out.SerializeToString()

@@ -474,12 +474,14 @@ def test_sampling_refusals_name_the_parameter(world) -> None:
     tc = service.create_lora_training_client(BASE, rank=8, train_unembed=False).result()
     sampler = tc.save_weights_and_get_sampling_client().result()
     prompt = types.ModelInput.from_ints([1, 2])
-    refused = {
-        "sampling_params.top_k": dict(sampling_params=types.SamplingParams(top_k=5)),
-        "stop token ids": dict(sampling_params=types.SamplingParams(stop=[2])),
+    refused = {  # (what MinT does run: tests/unit/test_tinker_sampling.py)
+        "sampling_params.top_k -2": dict(sampling_params=types.SamplingParams(top_k=-2)),
         "over this gateway's limit": dict(sampling_params=types.SamplingParams(max_tokens=5000)),
-        "prompt_logprobs": dict(
-            sampling_params=types.SamplingParams(), include_prompt_logprobs=True
+        "topk_prompt_logprobs 21 is over": dict(
+            sampling_params=types.SamplingParams(), topk_prompt_logprobs=21
+        ),
+        "prompt_alt_tokens_k: not supported.*draws no tokens": dict(
+            sampling_params=types.SamplingParams(), prompt_alt_tokens_k=2
         ),
     }
     for message, kwargs in refused.items():

@@ -12,6 +12,7 @@ import time
 import httpx
 import pytest
 from tinker import types
+from tinker.proto.response_conv import deserialize_sample_response
 
 from benchmarks._round_robin import RoundRobin
 from gateway import GatewayConfig
@@ -170,8 +171,10 @@ def test_a_sample_whose_instance_died_is_run_again_by_another(two_gateways, monk
         "sampling_session_id": None,
         "model_path": path,
         "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]},
-        "sampling_params": {"max_tokens": 4, "seed": 5},
+        "sampling_params": {"max_tokens": 4, "seed": 5, "stop": [9], "top_k": 4},
         "num_samples": 2,
+        "prompt_logprobs": True,
+        "topk_sample_logprobs": 2,
     }
     with httpx.Client(timeout=30) as raw:
         sent = raw.post(f"{a.url}/api/v1/asample", json=body, headers=acme)
@@ -193,4 +196,12 @@ def test_a_sample_whose_instance_died_is_run_again_by_another(two_gateways, monk
     again = b.gateway.engines.seen
     assert [e.payload.prompt_token_ids for e in again] == [[1, 2, 3]] * 2
     assert [e.payload.seed for e in again] == [5, 6]  # the same sample, on b's engines
+    # with the same options: stop ids, top_k, top-k logprobs; the prompt scored once
+    assert [e.payload.sampling for e in again] == [e.payload.sampling for e in stuck.seen]
+    options = again[0].payload.sampling
+    assert options is not None and (options.stop_token_ids, options.top_k) == ([9], 4)
+    assert [e.payload.sampling.prompt_logprobs for e in again] == [0, None]
+    answer = deserialize_sample_response(got.content)
+    assert answer.prompt_logprobs == [None, None, None]  # (the fake engines scored nothing)
+    assert [s.topk_logprobs for s in answer.sequences] == [[None, None]] * 2
     assert all(e.payload.request_id.startswith(b.gateway.engines.request_prefix) for e in again)

@@ -1,7 +1,8 @@
 """The official ``tinker`` SDK 0.38.0, unchanged, against a MinT gateway (TINKER_BASE_URL) with a
 MinT key (TINKER_API_KEY=tml-<key>): supervised LoRA training through the real trainer over Kafka
 and Cassandra (ten forward_backward + optim_step, the loss falls), another tenant's key gets 404
-on the model, and the saved weights sample on a real vLLM engine."""
+on the model, and the saved weights sample on a real vLLM engine (with stop token ids, top_k,
+top-k logprobs and prompt logprobs equal to the trainer's forward logprobs)."""
 
 from __future__ import annotations
 
@@ -119,3 +120,76 @@ def test_the_readme_example_runs_as_written(tk_gateway, tk_engine, tenant_key) -
     scope["service"].close("success").result(timeout=60)
     assert len(scope["out"].sequences) == 4
     assert all(len(s.tokens) == len(s.logprobs) >= 1 for s in scope["out"].sequences)
+
+
+def test_sampling_options_answer_as_tinker_does(trained, tk_engine) -> None:
+    """Stop token ids, top_k, prompt logprobs and top-k logprobs on the real engine: the prompt's
+    logprobs are the trainer's ``forward`` logprobs of the same weights."""
+    service, tc, _, _ = trained
+    path = tc.save_weights_for_sampler("options").result(timeout=WAIT_S).path
+    sampler = service.create_sampling_client(model_path=path).result(timeout=60)
+    prompt = SEQUENCES[0]
+    greedy = sampler.sample(
+        types.ModelInput.from_ints(prompt[:3]),
+        num_samples=1,
+        sampling_params=types.SamplingParams(max_tokens=8, temperature=0.0),
+    ).result(timeout=WAIT_S)
+    tokens = greedy.sequences[0].tokens
+    assert 1 <= len(tokens) <= 8, tokens
+    stop = tokens[min(2, len(tokens) - 1)]
+    until = tokens[: tokens.index(stop) + 1]  # the stop token ends the sample, and is in it
+
+    # top_k=1 at temperature 1 samples the greedy tokens; the prompt scored with k alternatives
+    k = 3
+    got = sampler.sample(
+        types.ModelInput.from_ints(prompt[:3]),
+        num_samples=2,
+        sampling_params=types.SamplingParams(max_tokens=8, temperature=1.0, top_k=1, stop=[stop]),
+        include_prompt_logprobs=True,
+        topk_prompt_logprobs=k,
+        topk_sample_logprobs=2,
+    ).result(timeout=WAIT_S)
+    for seq in got.sequences:
+        assert seq.tokens == until and seq.stop_reason == "stop", (seq.tokens, tokens, stop)
+        assert len(seq.topk_logprobs) == len(seq.tokens)
+        for token, logprob, top in zip(seq.tokens, seq.logprobs, seq.topk_logprobs, strict=True):
+            assert len(top) == 2 and top[0][0] == token  # top_k=1: the likeliest token
+            assert top[0][1] == pytest.approx(logprob, abs=1e-4) and top[1][1] <= top[0][1]
+    assert got.prompt_logprobs is not None and len(got.prompt_logprobs) == 3
+
+    scored = sampler.sample(
+        types.ModelInput.from_ints(prompt),
+        num_samples=1,
+        sampling_params=types.SamplingParams(max_tokens=1),
+        include_prompt_logprobs=True,
+        topk_prompt_logprobs=k,
+    ).result(timeout=WAIT_S)
+    lps, rows = scored.prompt_logprobs, scored.topk_prompt_logprobs
+    assert len(lps) == len(rows) == len(prompt) and lps[0] is None and rows[0] is None
+    assert all(lp <= 0 for lp in lps[1:])
+    forward = tc.forward([datum(prompt)], "cross_entropy").result(timeout=WAIT_S)
+    expected = forward.loss_fn_outputs[0]["logprobs"].tolist()
+    print("prompt logprobs:", lps[1:], "forward:", expected)
+    assert lps[1:] == pytest.approx(expected, abs=2e-2)
+    for token, lp, row in zip(prompt[1:], lps[1:], rows[1:], strict=True):
+        assert len(row) == k and [v for _, v in row] == sorted((v for _, v in row), reverse=True)
+        assert row[0][1] >= lp - 1e-4
+        assert dict(row).get(token, lp) == pytest.approx(lp, abs=1e-4)
+
+    # only the last n positions, as prompt_logprobs_last_n asks (the SDK checks it too)
+    last = sampler.sample(
+        types.ModelInput.from_ints(prompt),
+        num_samples=1,
+        sampling_params=types.SamplingParams(max_tokens=1),
+        include_prompt_logprobs=True,
+        prompt_logprobs_last_n=2,
+    ).result(timeout=WAIT_S)
+    assert last.prompt_logprobs[:-2] == [None] * (len(prompt) - 2)
+    assert last.prompt_logprobs[-2:] == pytest.approx(lps[-2:], abs=1e-4)
+    assert last.topk_prompt_logprobs is None
+
+    # a k past vLLM's max_logprobs: the gateway's 400 names it
+    with pytest.raises(tinker.BadRequestError, match="topk_prompt_logprobs 21"):
+        sampler.sample(
+            types.ModelInput.from_ints(prompt), 1, types.SamplingParams(), topk_prompt_logprobs=21
+        ).result(timeout=60)
