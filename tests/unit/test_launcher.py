@@ -157,7 +157,9 @@ def test_a_cluster_does_not_start_over_a_running_single_pair(tmp_path, monkeypat
     single = launcher.services(MintSettings(state_dir=tmp_path))["kafka"]
     single.home.mkdir(parents=True)
     # a live process whose command line names the single pair's folder (killed below)
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", str(single.home)])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)", str(single.home)]
+    )
     try:
         single.pid_file.write_text(str(proc.pid))
         # until the child has exec'd, /proc/<pid>/cmdline is still pytest's (seen under load)
