@@ -26,10 +26,11 @@ from typing import Any
 import structlog
 
 from catalog.exceptions import AliasConflict, AliasNotFound, Conflict, PolicyNotFound
-from catalog.models import Registration, Revision, revision_metadata
+from catalog.models import AliasMove, Registration, Revision, revision_metadata
 from catalog.refs import Ref
 from catalog.repository import CatalogRepository
-from schemas import Envelope, make_event
+from schemas import Envelope
+from schemas.envelope import make_reply
 from schemas.events import (
     AliasMoved,
     CanaryEnded,
@@ -292,26 +293,26 @@ def execute_serving_command(
         )
     else:
         raise TypeError(f"{cmd.type!r} is not a serving command (serving.promote/rollback)")
-    # A Ref of the command's validated names: resolved without checking them again.
-    target = repo.resolve(Ref(cmd.tenant, cmd.policy, revision=move.to_revision))
-    return make_event(
-        AliasMoved(
-            alias=move.alias,
-            from_revision=move.from_revision,
-            to_revision=move.to_revision,
-            adapter_digest=target.digest,
-            store_uri=target.store_uri,
-            cause="rollback" if move.kind == "rollback" else "promote",
-            reason=move.reason,
-            requested_by=move.moved_by,
-            seq=move.seq,
-        ),
-        tenant=cmd.tenant,
-        policy=cmd.policy,
-        producer=producer,
-        caused_by=cmd,
-        event_id=move_id,
-        occurred_at=move.moved_at,
+    return make_reply(
+        alias_moved(repo, move), cmd, producer=producer, event_id=move_id, occurred_at=move.moved_at
+    )
+
+
+def alias_moved(repo: CatalogRepository, move: AliasMove) -> AliasMoved:
+    """The ``alias.moved`` fact of a promote or rollback the catalog carried out (``move``, its
+    history row), with the digest and store URI of the revision it moved to."""
+    # A Ref of the move's validated names: resolved without checking them again.
+    target = repo.resolve(Ref(move.tenant, move.policy, revision=move.to_revision))
+    return AliasMoved(
+        alias=move.alias,
+        from_revision=move.from_revision,
+        to_revision=move.to_revision,
+        adapter_digest=target.digest,
+        store_uri=target.store_uri,
+        cause="rollback" if move.kind == "rollback" else "promote",
+        reason=move.reason[:1024],
+        requested_by=move.moved_by,
+        seq=move.seq,
     )
 
 

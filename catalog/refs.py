@@ -10,41 +10,51 @@ from catalog.exceptions import InvalidReference, MalformedDigest
 from schemas.names import ALIAS_RE, DIGEST_RE, POLICY_RE, TENANT_RE
 
 # The same rules as the wire events (schemas.names). Aliases start with a letter, so `@3` is
-# always a revision number.
-_NAMES = {
-    "tenant": (re.compile(TENANT_RE), "1-63 of [a-z0-9-] starting with a letter or digit"),
-    "policy": (re.compile(POLICY_RE), "1-127 of [a-z0-9._-] starting with a letter or digit"),
-}
+# always a revision number. Per field: its pattern, the error a bad value raises, and what
+# that error says after ``<field> <value>``.
 ALIAS = re.compile(ALIAS_RE)
 DIGEST = re.compile(DIGEST_RE)
+_NAME = "is not a valid name: expected {}, e.g. 'acme' or 'math-rl'"
+_RULES: dict[str, tuple[re.Pattern[str], type[Exception], str]] = {
+    "tenant": (
+        re.compile(TENANT_RE),
+        InvalidReference,
+        _NAME.format("1-63 of [a-z0-9-] starting with a letter or digit"),
+    ),
+    "policy": (
+        re.compile(POLICY_RE),
+        InvalidReference,
+        _NAME.format("1-127 of [a-z0-9._-] starting with a letter or digit"),
+    ),
+    "alias": (
+        ALIAS,
+        InvalidReference,
+        "is not valid: expected 1-32 of [a-z0-9-] starting with a letter, e.g. 'prod' or 'canary'",
+    ),
+    "digest": (
+        DIGEST,
+        MalformedDigest,
+        "is malformed: expected 'sha256:' followed by 64 lowercase hex digits (the sha256 of "
+        "the adapter's content, as written in its manifest)",
+    ),
+}
 
 
 def check_name(field: str, value: object) -> str:
-    """Validate a tenant or policy name (``field`` is "tenant" or "policy")."""
-    pattern, rule = _NAMES[field]
+    """Validate a tenant or policy name (``field`` is "tenant" or "policy"; the alias and
+    digest rules are here too, for check_alias and check_digest)."""
+    pattern, error, rule = _RULES[field]
     if not isinstance(value, str) or not pattern.match(value):
-        raise InvalidReference(
-            f"{field} {value!r} is not a valid name: expected {rule}, e.g. 'acme' or 'math-rl'"
-        )
+        raise error(f"{field} {value!r} {rule}")
     return value
 
 
 def check_alias(value: object) -> str:
-    if not isinstance(value, str) or not ALIAS.match(value):
-        raise InvalidReference(
-            f"alias {value!r} is not valid: expected 1-32 of [a-z0-9-] starting with a letter, "
-            "e.g. 'prod' or 'canary'"
-        )
-    return value
+    return check_name("alias", value)
 
 
 def check_digest(value: object) -> str:
-    if not isinstance(value, str) or not DIGEST.match(value):
-        raise MalformedDigest(
-            f"digest {value!r} is malformed: expected 'sha256:' followed by 64 lowercase hex "
-            "digits (the sha256 of the adapter's content, as written in its manifest)"
-        )
-    return value
+    return check_name("digest", value)
 
 
 def check_revision(value: object) -> int:

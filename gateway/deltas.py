@@ -18,7 +18,6 @@ restart the gateways after it, so each follows the partition its deltas now land
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,7 +25,7 @@ from typing import Any
 import structlog
 from kafka.consumer.fetcher import ConsumerRecord
 
-from gateway.following import AnswerFollower
+from gateway.following import CountingRouter
 from schemas.envelope import Envelope
 from schemas.events import InferCompleted, InferDelta, InferFailed, InferRequested
 from schemas.exceptions import SchemaError
@@ -38,34 +37,23 @@ log = structlog.get_logger()
 Deliver = Callable[[Envelope[InferDelta]], None]
 
 
-class DeltaRouter:
+class DeltaRouter(CountingRouter):
     """Follows this instance's partition of ``infer.deltas`` and delivers each delta of a
-    request someone listens to (``listen``) on that listener's event loop."""
+    request someone listens to (``listen``) on that listener's event loop. ``start()`` returns
+    once the position at the partition's end is fixed: deltas of requests published afterwards
+    are seen."""
 
     def __init__(self, settings: MintSettings, instance_id: str) -> None:
-        self.topic = topic_for(settings, "infer.deltas")
         self.key = instance_id.encode()
         self._listeners: dict[str, tuple[asyncio.AbstractEventLoop, Deliver]] = {}
-        self._lock = threading.Lock()
-        self.counts = {"own": 0, "late": 0, "foreign": 0, "undecodable": 0}
-        self._deltas = AnswerFollower(
+        super().__init__(
             settings,
-            self.topic,
-            client_id=f"{instance_id}-deltas",
-            name="gateway-deltas",
+            topic_for(settings, "infer.deltas"),
+            instance_id,
+            "deltas",
             route=self._route,
-            on_error=lambda _record: self._count("undecodable"),
             key=self.key,
         )
-
-    def start(self) -> None:
-        """Position at the end of this instance's partition, then follow (returns once the
-        position is fixed: deltas of requests published afterwards are seen)."""
-        self._deltas.start()
-
-    @property
-    def alive(self) -> bool:
-        return self._deltas.alive
 
     def listen(self, request_id: str, deliver: Deliver) -> None:
         """Call ``deliver(env)`` on the running loop for each delta of ``request_id``."""
@@ -97,12 +85,6 @@ class DeltaRouter:
         loop, deliver = listener
         loop.call_soon_threadsafe(deliver, env)
         self._count("own")
-
-    def _count(self, outcome: str) -> None:
-        self.counts[outcome] += 1
-
-    def close(self) -> None:
-        self._deltas.close()
 
 
 def is_final(env: Envelope[Any]) -> bool:

@@ -100,6 +100,50 @@ class AnswerFollower:
             self._follower.close()
 
 
+class CountingRouter:
+    """What the gateway's routers of an answers topic share (gateway.replies, gateway.deltas):
+    one :class:`AnswerFollower` handing each record to ``route``, a lock over the owner's
+    waiting requests, and ``counts`` of what each record was to this instance (``own``,
+    ``late``, ``foreign`` or ``undecodable``; a record ``route`` raised on counts undecodable).
+    The follower's client id is ``<instance id>-<what>``, its thread ``gateway-<what>``."""
+
+    def __init__(
+        self,
+        settings: MintSettings,
+        topic: str,
+        instance_id: str,
+        what: str,
+        route: Callable[[ConsumerRecord], None],
+        key: bytes | None = None,
+    ) -> None:
+        self.topic = topic
+        self._lock = threading.Lock()
+        self.counts = {"own": 0, "late": 0, "foreign": 0, "undecodable": 0}
+        self._follower = AnswerFollower(
+            settings,
+            topic,
+            client_id=f"{instance_id}-{what}",
+            name=f"gateway-{what}",
+            route=route,
+            on_error=lambda _record: self._count("undecodable"),
+            key=key,
+        )
+
+    def start(self) -> None:
+        """Fix the positions at the ends, then follow (returns once they are fixed)."""
+        self._follower.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._follower.alive
+
+    def _count(self, outcome: str) -> None:
+        self.counts[outcome] += 1
+
+    def close(self) -> None:
+        self._follower.close()
+
+
 async def send_acked(producer: Any, topic: str, env: Envelope[Any], timeout_s: float = 10) -> None:
     """Send ``env`` to ``topic`` and wait (without blocking the event loop) for the broker's
     ack, so a caller's requests keep their order and a refusal is the caller's error."""

@@ -17,13 +17,12 @@ would publish to the partition a request names) instead.
 from __future__ import annotations
 
 import asyncio
-import threading
 import uuid
 from typing import Any
 
 import structlog
 
-from gateway.following import AnswerFollower
+from gateway.following import CountingRouter
 from gateway.metrics import GatewayMetrics
 from schemas.envelope import Envelope
 from schemas.exceptions import SchemaError
@@ -39,33 +38,25 @@ def _resolve(future: asyncio.Future, env: Envelope[Any]) -> None:
         future.set_result(env)
 
 
-class ReplyRouter:
+class ReplyRouter(CountingRouter):
     def __init__(self, settings: MintSettings, instance_id: str, metrics: GatewayMetrics) -> None:
         self.settings, self.instance_id, self.metrics = settings, instance_id, metrics
-        self.topic = topic_for(settings, "infer.results")
         self.prefix = f"{instance_id}."
         self._marker = self.prefix.encode()
         self._pending: dict[uuid.UUID, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
-        self._lock = threading.Lock()
-        self.counts = {"own": 0, "late": 0, "foreign": 0, "undecodable": 0}
-        self._answers = AnswerFollower(
+        super().__init__(
             settings,
-            self.topic,
-            client_id=f"{instance_id}-replies",
-            name="gateway-replies",
+            topic_for(settings, "infer.results"),
+            instance_id,
+            "replies",
             route=lambda record: self._route(record.value),
-            on_error=lambda _record: self._count("undecodable"),
         )
 
     def start(self) -> None:
         """Position at the end of every partition, then follow. Returns once the positions are
         fixed, so an answer to any request published afterwards is seen."""
-        self._answers.start()
+        super().start()
         log.info("following engine answers", topic=self.topic, request_prefix=self.prefix)
-
-    @property
-    def alive(self) -> bool:
-        return self._answers.alive
 
     def expect(self, event_id: uuid.UUID) -> asyncio.Future:
         """A future for the answer to the request ``event_id`` (register before publishing)."""
@@ -105,8 +96,5 @@ class ReplyRouter:
         self._count("own")
 
     def _count(self, outcome: str) -> None:
-        self.counts[outcome] += 1
+        super()._count(outcome)
         self.metrics.replies.labels(outcome).inc()
-
-    def close(self) -> None:
-        self._answers.close()

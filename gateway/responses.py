@@ -35,17 +35,8 @@ def check_answers(
     """The InferCompleted payloads, or the error of the first failed answer (``prompt_param``:
     the body field that held the prompt, ``messages`` or ``prompt``)."""
     for env in answers:
-        p = env.payload
-        if isinstance(p, InferFailed):
-            raise failure_error(
-                p.stage,
-                p.error,
-                model=model,
-                retryable=p.retryable,
-                code=p.code,
-                retry_after_s=retry_after_s,
-                prompt_param=prompt_param,
-            )
+        if isinstance(env.payload, InferFailed):
+            raise failed_error(env.payload, model, retry_after_s, prompt_param)
     return [env.payload for env in answers]
 
 
@@ -130,6 +121,21 @@ def failure_error(
             headers={"Retry-After": str(retry_after_s)},
         )
     return EngineFailed(f"the engine failed to generate: {error[:500]}")
+
+
+def failed_error(
+    p: InferFailed, model: str, retry_after_s: int, prompt_param: str | None = None
+) -> ApiError:
+    """:func:`failure_error` of one ``infer.failed`` answer (whole or streamed)."""
+    return failure_error(
+        p.stage,
+        p.error,
+        model=model,
+        retryable=p.retryable,
+        code=p.code,
+        retry_after_s=retry_after_s,
+        prompt_param=prompt_param,
+    )
 
 
 def fingerprint(done: list[InferCompleted]) -> str:

@@ -47,7 +47,7 @@ from gateway.responses import (
     chat_message,
     check_choices,
     completion_choice_logprobs,
-    failure_error,
+    failed_error,
     fingerprint,
     finish,
     usage,
@@ -236,7 +236,7 @@ async def sse(
                 if isinstance(p, InferDelta):
                     out = chunks.delta(k, p)
                 elif isinstance(p, InferFailed):
-                    raise _failed(p, chunks.model, retry_after_s, prompt_param)
+                    raise failed_error(p, chunks.model, retry_after_s, prompt_param)
                 else:
                     out = chunks.completed(k, p)
                     answered.add(k)
@@ -264,15 +264,3 @@ async def sse(
             error=error.code if error is not None else None,
             ms=round((time.perf_counter() - answers.started) * 1000, 1),
         )
-
-
-def _failed(p: InferFailed, model: str, retry_after_s: int, param: str | None) -> ApiError:
-    return failure_error(
-        p.stage,
-        p.error,
-        model=model,
-        retryable=p.retryable,
-        code=p.code,
-        retry_after_s=retry_after_s,
-        prompt_param=param,
-    )

@@ -28,12 +28,12 @@ from typing import Any
 import structlog
 
 from catalog.exceptions import AliasConflict, CatalogError, CatalogUnavailable
+from catalog.projection import alias_moved
 from catalog.refs import parse_ref
 from catalog.state import StateTable
 from schemas import Envelope
 from schemas.envelope import make_event, make_reply
 from schemas.events import (
-    AliasMoved,
     CanaryCommand,
     CanaryEnded,
     CanaryRule,
@@ -344,18 +344,7 @@ class CanaryJudge:
         out.append(self._fact(ended, tenant, policy, view, "ended", d.decided_at, command))
         self.repo.record_canary(out[-1])
         if move is not None:
-            target = self.repo.resolve(f"{tenant}/{policy}@{view.revision}")
-            moved = AliasMoved(
-                alias=view.alias,
-                from_revision=move.from_revision,
-                to_revision=move.to_revision,
-                adapter_digest=target.digest,
-                store_uri=target.store_uri,
-                cause="promote",
-                reason=move.reason[:1024],
-                requested_by=move.moved_by,
-                seq=move.seq,
-            )
+            moved = alias_moved(self.repo, move)
             out.append(self._fact(moved, tenant, policy, view, "promote", move.moved_at, command))
             metrics.ALIAS_MOVES.labels("promote").inc()
         view.decision = d.model_copy(update={"outcome": outcome, "reason": reason, "done": True})
