@@ -21,13 +21,26 @@ from schemas.events.steps import (
     TrainStepCompleted,
     TrainStepFailed,
     TrainStepRequested,
+    loss_config,
 )
 from schemas.events.update import LoraSpec
 
 ATTN_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj"]
 MLP_MODULES = ["gate_proj", "up_proj", "down_proj"]
 LOSSES = tuple(LOSS_INPUTS)
-DATUM_INPUTS = ("target_tokens", "weights", "logprobs", "advantages")
+DATUM_INPUTS = ("target_tokens", "weights", "logprobs", "advantages", "sequence_ratio_mask")
+# Tinker losses MinT cannot run, and why (a 400 naming the loss says it).
+REFUSED_LOSSES = {
+    "stable_reinforce": (
+        "its objective is not published (Thinking Machines document only that it uses "
+        "stability information their sampler records with record_stability_info=True, named "
+        "by sequence_id provenance spans), and MinT's sampler records none"
+    ),
+    "custom": (
+        "a loss uploaded with ServiceClient.create_custom_loss runs on Thinking Machines' "
+        "servers only; pass the loss function itself to forward_backward_custom, which MinT runs"
+    ),
+}
 # The SDK folds the metrics of a batch's calls by their ``name:reduction`` suffix (a name without
 # one breaks it); the trainer's names (schemas.names.MetricName) have none: they are means.
 
@@ -76,13 +89,24 @@ def lora_spec(config: LoraConfig | None) -> LoraSpec:
 
 def datums(req: FwdBwdRequest) -> list[StepDatum]:
     """Tinker datums (token chunks + per-position tensors) as the contract's StepDatums."""
-    if req.loss_fn not in LOSSES:
+    if req.loss_fn in REFUSED_LOSSES:
         raise bad(
-            f"loss_fn {req.loss_fn!r} is not supported by MinT; supported: "
-            f"{', '.join(LOSSES)} (custom losses: not supported)",
+            f"loss_fn {req.loss_fn!r} is not supported by MinT: {REFUSED_LOSSES[req.loss_fn]}; "
+            f"supported: {', '.join(LOSSES)}",
             "loss_fn",
             "unsupported_parameter",
         )
+    if req.loss_fn not in LOSSES:
+        raise bad(
+            f"loss_fn {req.loss_fn!r} is not supported by MinT; supported: "
+            f"{', '.join(LOSSES)} (and forward_backward_custom)",
+            "loss_fn",
+            "unsupported_parameter",
+        )
+    try:
+        loss_config(req.loss_fn, req.loss_fn_config)
+    except ValueError as e:
+        raise bad(str(e), "loss_fn_config") from e
     if not req.data:
         raise bad("forward_backward needs at least one datum", "data")
     out = []

@@ -38,7 +38,7 @@ DTYPES = {
 STOP_REASONS = {"stop": pb.STOP_REASON_STOP, "length": pb.STOP_REASON_LENGTH}
 # Bounds on the walk over a body, checked before it (the step contract's own bounds come later):
 # a call takes MAX_STEP_DATUMS datums, MAX_STEP_TOKENS tokens (so no more non-empty chunks), and
-# MinT's losses read four loss_fn_inputs per datum.
+# MinT's losses read at most five loss_fn_inputs per datum.
 MAX_DATUMS, MAX_CHUNKS, MAX_INPUTS = MAX_STEP_DATUMS, MAX_STEP_TOKENS, 8
 WIRE_TYPES = {0: "a varint", 1: "8 fixed bytes", 2: "length-delimited", 5: "4 fixed bytes"}
 
@@ -161,7 +161,7 @@ def decode_forward_backward(body: bytes) -> FwdBwdRequest:
     for key, value in msg.loss_fn_config_v2.items():  # v2: numbers or strings
         _checked(value, f"loss_fn_config_v2[{key!r}].")
         kind = value.WhichOneof("value")
-        if kind == "text":
+        if kind == "text" and msg.loss_fn != "custom":  # (custom: refused by name later)
             raise WireError(f"loss_fn_config[{key!r}] is text; MinT's losses take numbers only")
         if kind == "number":
             config[key] = value.number
@@ -172,7 +172,7 @@ def decode_forward_backward(body: bytes) -> FwdBwdRequest:
             raise WireError(
                 f"data[{i}].loss_fn_inputs has {len(datum.loss_fn_inputs)} tensors; a datum "
                 f"takes at most {MAX_INPUTS} (MinT's losses read target_tokens, weights, "
-                "logprobs and advantages)"
+                "logprobs, advantages and sequence_ratio_mask)"
             )
         tokens = [
             t

@@ -8,12 +8,13 @@ Gradients of ``forward_backward`` calls accumulate on the policy until its ``opt
 
 Datums follow Tinker: ``tokens`` is the model input, ``target_tokens[i]`` the token scored after
 ``tokens[: i + 1]``; ``weights`` (cross_entropy), ``logprobs`` (the sampler's) and
-``advantages`` (importance_sampling, ppo) are per position. Losses are sums over positions, as
-Tinker's built-in losses are.
+``advantages`` (importance_sampling, ppo, cispo, dro, gspo) and ``sequence_ratio_mask`` (gspo,
+optional) are per position. Losses are sums over positions, as Tinker's built-in losses are.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, model_validator
@@ -31,12 +32,64 @@ StepOp = Literal[
     "save_state",  # adapter and optimizer state to the store, under ``name``
     "load_state",  # adapter (and optimizer, if saved) from ``source_uri``
 ]
-LossFn = Literal["cross_entropy", "importance_sampling", "ppo"]
+LossFn = Literal["cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "gspo"]
 LOSS_INPUTS: dict[str, tuple[str, ...]] = {
     "cross_entropy": ("weights",),
     "importance_sampling": ("logprobs", "advantages"),
     "ppo": ("logprobs", "advantages"),
+    "cispo": ("logprobs", "advantages"),
+    "dro": ("logprobs", "advantages"),
+    "gspo": ("logprobs", "advantages"),  # and sequence_ratio_mask, optional (all positions)
 }
+# Each loss's loss_fn_config keys and defaults (Thinking Machines' loss docs,
+# tinker-docs.thinkingmachines.ai/tinker/losses and tinker-cookbook docs/losses.mdx).
+# ppo's thresholds are the docs' 0.8/1.2 (clip 0.2); cispo and gspo clip the same ratio with the
+# same two keys, and their pages give no other defaults. dro's beta has no documented default:
+# 0.05 is the docs' own example value.
+CLIP_DEFAULTS = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
+LOSS_CONFIG: dict[str, dict[str, float]] = {
+    "cross_entropy": {},
+    "importance_sampling": {},
+    "ppo": CLIP_DEFAULTS,
+    "cispo": CLIP_DEFAULTS,
+    "dro": {"beta": 0.05},
+    "gspo": CLIP_DEFAULTS,
+}
+
+
+def loss_config(loss_fn: str, given: dict[str, float]) -> dict[str, float]:
+    """``loss_fn``'s config: its defaults overridden by ``given``. A ValueError naming the key
+    (and the keys the loss takes) for anything it cannot use, and for a loss that is not one of
+    these."""
+    if loss_fn not in LOSS_CONFIG:
+        raise ValueError(
+            f"loss_fn={loss_fn!r} is not a built-in loss; use one of {sorted(LOSS_CONFIG)}"
+        )
+    defaults = LOSS_CONFIG[loss_fn]
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise ValueError(
+            f"loss_fn_config has {unknown}, which loss_fn {loss_fn!r} does not take; it takes "
+            f"{sorted(defaults) or 'nothing'}"
+        )
+    config = {**defaults, **{k: float(v) for k, v in given.items()}}
+    bad = [k for k, v in config.items() if not math.isfinite(v)]
+    if bad:
+        raise ValueError(f"loss_fn_config.{bad[0]} is {config[bad[0]]}: it must be a finite number")
+    if "clip_low_threshold" in config:
+        low, high = config["clip_low_threshold"], config["clip_high_threshold"]
+        if not 0 <= low <= 1 <= high:
+            key = "clip_low_threshold" if not 0 <= low <= 1 else "clip_high_threshold"
+            raise ValueError(
+                f"loss_fn_config.{key}: {loss_fn} needs 0 <= clip_low_threshold <= 1 <= "
+                f"clip_high_threshold (the ratio's range around 1), got {low} and {high}"
+            )
+    if config.get("beta", 0.0) < 0:
+        raise ValueError(
+            f"loss_fn_config.beta is {config['beta']}: dro's quadratic penalty needs beta >= 0"
+        )
+    return config
+
 
 # Bounds of one call (a request that needs more splits its batch): a record stays well under
 # Kafka's 1 MB default message size (about 40 bytes per position in the worst case).
@@ -57,11 +110,12 @@ class StepDatum(BaseModel):
     weights: list[FiniteFloat] | None = None
     logprobs: list[FiniteFloat] | None = None
     advantages: list[FiniteFloat] | None = None
+    sequence_ratio_mask: list[FiniteFloat] | None = None  # gspo: the positions of its ratio
 
     @model_validator(mode="after")
     def _same_lengths(self) -> StepDatum:
         n = len(self.tokens)
-        for name in ("target_tokens", "weights", "logprobs", "advantages"):
+        for name in ("target_tokens", "weights", "logprobs", "advantages", "sequence_ratio_mask"):
             values = getattr(self, name)
             if values is not None and len(values) != n:
                 raise ValueError(

@@ -269,8 +269,12 @@ def test_unsupported_loss_and_lora_shapes_are_clear_400s(world) -> None:
         BASE, rank=4, train_unembed=False, train_mlp=False
     ).result()
     assert trainer.seen[-1].payload.lora.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"]
-    with pytest.raises(tinker.BadRequestError, match="'dro'.*cross_entropy, importance_sampling"):
-        tc.forward_backward([datum([1, 2, 3])], "dro").result()
+    with pytest.raises(tinker.BadRequestError, match="'dpo'.*cross_entropy, importance_sampling"):
+        tc.forward_backward([datum([1, 2, 3])], "dpo").result()
+    with pytest.raises(tinker.BadRequestError, match="'stable_reinforce'.*objective is not publ"):
+        tc.forward_backward([datum([1, 2, 3])], "stable_reinforce").result()
+    with pytest.raises(tinker.BadRequestError, match="'custom'.*pass the loss function itself"):
+        tc.forward_backward([datum([1, 2, 3])], "custom", {"loss_id": "x"}).result()
     # ppo needs the sampler's logprobs and advantages per position: the contract says which
     with pytest.raises(tinker.BadRequestError, match="lacks logprobs, advantages"):
         tc.forward_backward([datum([1, 2, 3])], "ppo").result()

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from schemas.events.steps import CLIP_DEFAULTS, LOSS_CONFIG, loss_config
+
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     """log π(token_t | tokens_<t) for t = 1…T-1, shape (B, T-1), in fp32."""
@@ -78,51 +80,52 @@ def policy_gradient_loss(
 
 # Step-level losses (the Tinker API's built-ins, workers/trainer/steps.py): one datum's
 # per-position log-probs of its target tokens against per-position inputs; SUMS over positions,
-# as Tinker's are (the caller weights positions, e.g. 1/N in ``weights``, for a mean).
+# as Tinker's are (the caller weights positions, e.g. 1/N in ``weights``, for a mean). Each is
+# the formula and code Thinking Machines document (tinker-docs.thinkingmachines.ai/tinker/losses,
+# tinker-cookbook docs/losses.mdx); keys and defaults: schemas.events.steps.LOSS_CONFIG.
+# stable_reinforce is not here: its objective is not published (gateway/tinker/steps.py says so).
 
-PPO_CLIP_DEFAULTS = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
-STEP_LOSS_CONFIG: dict[str, dict[str, float]] = {
-    "cross_entropy": {},
-    "importance_sampling": {},
-    "ppo": PPO_CLIP_DEFAULTS,
-}
+PPO_CLIP_DEFAULTS = CLIP_DEFAULTS
+STEP_LOSS_CONFIG = LOSS_CONFIG
 
 
 def step_loss_config(loss_fn: str, given: dict[str, float]) -> dict[str, float]:
     """``loss_fn``'s config: its defaults overridden by ``given``; ValueError naming the key and
     the keys the loss takes for anything else (and for a loss that is not one of these)."""
-    if loss_fn not in STEP_LOSS_CONFIG:
-        raise ValueError(
-            f"loss_fn={loss_fn!r} is not a built-in loss; use one of {sorted(STEP_LOSS_CONFIG)}"
-        )
-    defaults = STEP_LOSS_CONFIG[loss_fn]
-    unknown = sorted(set(given) - set(defaults))
-    if unknown:
-        raise ValueError(
-            f"loss_fn_config has {unknown}, which loss_fn {loss_fn!r} does not take; it takes "
-            f"{sorted(defaults) or 'nothing'}"
-        )
-    config = {**defaults, **given}
-    if loss_fn == "ppo" and not config["clip_low_threshold"] <= 1 <= config["clip_high_threshold"]:
-        raise ValueError(
-            "loss_fn_config needs clip_low_threshold <= 1 <= clip_high_threshold, got "
-            f"{config['clip_low_threshold']} and {config['clip_high_threshold']}"
-        )
-    return config
+    return loss_config(loss_fn, given)
+
+
+def gspo_ratio(logprobs: torch.Tensor, sampler: torch.Tensor, mask: torch.Tensor | None):
+    """GSPO-token's per-position ratio: every position carries the sequence ratio's value,
+    exp(mean of log π − log q over the positions ``mask`` marks, all if None), with its own
+    log-probability's gradient. A mask that marks nothing: the ratio's value is 1."""
+    marked = (mask != 0) if mask is not None else torch.ones_like(logprobs, dtype=torch.bool)
+    diffs = (logprobs.detach() - sampler)[marked]
+    log_ratio = diffs.mean() if diffs.numel() else diffs.new_zeros(())
+    return torch.exp(log_ratio + logprobs - logprobs.detach())
 
 
 def step_loss(
     loss_fn: str, logprobs: torch.Tensor, inputs: dict[str, torch.Tensor], config: dict[str, float]
 ) -> torch.Tensor:
     """One datum's loss. ``inputs``: ``weights`` (cross_entropy), or ``logprobs`` (the
-    sampler's) and ``advantages`` (importance_sampling, ppo); all shaped like ``logprobs``."""
+    sampler's) and ``advantages`` (the others), and ``sequence_ratio_mask`` (gspo, optional);
+    all shaped like ``logprobs``."""
     if loss_fn == "cross_entropy":
         return -(logprobs * inputs["weights"]).sum()
-    if loss_fn not in ("importance_sampling", "ppo"):
+    if loss_fn not in LOSS_CONFIG:
         raise ValueError(f"loss_fn={loss_fn!r} is not a built-in loss")
-    ratio = torch.exp(logprobs - inputs["logprobs"])
-    adv = inputs["advantages"]
+    sampler, adv = inputs["logprobs"], inputs["advantages"]
+    if loss_fn == "dro":  # log π·A − ½β(log π − log q)²
+        penalty = 0.5 * config["beta"] * (logprobs - sampler) ** 2
+        return -(logprobs * adv - penalty).sum()
+    if loss_fn == "gspo":
+        ratio = gspo_ratio(logprobs, sampler, inputs.get("sequence_ratio_mask"))
+    else:
+        ratio = torch.exp(logprobs - sampler)
     if loss_fn == "importance_sampling":
         return -(ratio * adv).sum()
     clipped = torch.clamp(ratio, config["clip_low_threshold"], config["clip_high_threshold"])
-    return -torch.minimum(ratio * adv, clipped * adv).sum()
+    if loss_fn == "cispo":  # sg(clip(ratio))·log π·A
+        return -(clipped.detach() * logprobs * adv).sum()
+    return -torch.minimum(ratio * adv, clipped * adv).sum()  # ppo, gspo

@@ -124,7 +124,7 @@ class StepCompute:
                         lp = logp[j, : len(d.tokens)]
                         inputs = {
                             k: torch.tensor(getattr(d, k), dtype=torch.float32, device=device)
-                            for k in ("weights", "logprobs", "advantages")
+                            for k in ("weights", "logprobs", "advantages", "sequence_ratio_mask")
                             if getattr(d, k) is not None
                         }
                         loss = loss + step_loss(loss_fn, lp, inputs, config)

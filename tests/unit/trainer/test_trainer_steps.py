@@ -71,7 +71,7 @@ def test_ppo_clips_the_ratio_where_it_would_gain_by_leaving_the_range():
         ("ppo", {"clip_eps": 0.2}, "takes ['clip_high_threshold', 'clip_low_threshold']"),
         ("cross_entropy", {"clip_low_threshold": 0.5}, "takes nothing"),
         ("ppo", {"clip_low_threshold": 1.1}, "clip_low_threshold <= 1 <= clip_high_threshold"),
-        ("dpo", {}, "use one of ['cross_entropy', 'importance_sampling', 'ppo']"),
+        ("dpo", {}, "use one of ['cispo', 'cross_entropy', 'dro', 'gspo', 'importance_sampling'"),
     ],
 )
 def test_a_loss_config_it_cannot_use_is_refused_naming_what_it_takes(loss_fn, config, says):
