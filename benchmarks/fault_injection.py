@@ -112,6 +112,8 @@ def run(
             "cassandra_storage_port": 27000,
             "store_uri": str(state / "store"),
             "models_dir": state / "models",
+            # its Cassandra is killed -9: every schema change must be on disk before that
+            "cassandra_fast_schema": False,
         }
     )
     if cluster:

@@ -123,6 +123,11 @@ class MintSettings(BaseSettings):
     cassandra_jars: Path | None = Field(None, description="folder of Cassandra 5.0 jars")
     kafka_heap_mb: int = Field(512, ge=128, le=512)
     cassandra_heap_mb: int = Field(1024, ge=512, le=1024)
+    cassandra_fast_schema: bool = Field(
+        False,
+        description="tests only: schema changes skip their flush (a keyspace migrates in ~2 s, "
+        "not ~8); a kill -9 then forgets recent keyspaces (`make test` and .ci/run set it)",
+    )
     startup_timeout_s: float = Field(120.0, gt=0)
     # MINT_DEV_NODES=3: the local launcher runs three Kafka brokers and three Cassandra nodes on
     # 127.0.0.1-3, and the cluster settings below default to them (cluster_defaults).

@@ -36,6 +36,10 @@ def test_cassandra_heap_is_bounded_and_paths_are_local(tmp_path) -> None:
     yaml_text = (tmp_path / "cassandra" / "cassandra.yaml").read_text()
     assert "native_transport_port: 29042" in yaml_text and f"{tmp_path}/cassandra/data" in yaml_text
     assert "-Xmx1024m" in cmd and any(a.startswith("-javaagent:") and "jamm" in a for a in cmd)
+    # a node that may be killed -9 keeps its schema on disk unless tests ask for speed
+    assert "-Dcassandra.unsafesystem=true" not in cmd
+    fast = s.model_copy(update={"cassandra_fast_schema": True})
+    assert "-Dcassandra.unsafesystem=true" in jvm.cassandra_command(fast, svc, "java")
 
 
 def test_missing_jars_without_maven_says_what_to_set(tmp_path, monkeypatch) -> None:
