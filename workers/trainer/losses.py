@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from schemas.events.steps import CLIP_DEFAULTS, LOSS_CONFIG, loss_config
+from schemas.events.steps import LOSS_CONFIG
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -84,15 +84,6 @@ def policy_gradient_loss(
 # the formula and code Thinking Machines document (tinker-docs.thinkingmachines.ai/tinker/losses,
 # tinker-cookbook docs/losses.mdx); keys and defaults: schemas.events.steps.LOSS_CONFIG.
 # stable_reinforce is not here: its objective is not published (gateway/tinker/steps.py says so).
-
-PPO_CLIP_DEFAULTS = CLIP_DEFAULTS
-STEP_LOSS_CONFIG = LOSS_CONFIG
-
-
-def step_loss_config(loss_fn: str, given: dict[str, float]) -> dict[str, float]:
-    """``loss_fn``'s config: its defaults overridden by ``given``; ValueError naming the key and
-    the keys the loss takes for anything else (and for a loss that is not one of these)."""
-    return loss_config(loss_fn, given)
 
 
 def gspo_ratio(logprobs: torch.Tensor, sampler: torch.Tensor, mask: torch.Tensor | None):

@@ -45,7 +45,12 @@ from catalog.store import AdapterStore, StoredAdapter
 from schemas import Envelope
 from schemas.envelope import make_reply
 from schemas.events import ExportCompleted
-from schemas.events.steps import TrainStepCompleted, TrainStepFailed, TrainStepRequested
+from schemas.events.steps import (
+    TrainStepCompleted,
+    TrainStepFailed,
+    TrainStepRequested,
+    loss_config,
+)
 from schemas.events.update import LoraSpec
 from streams.deferred import DeferredWork
 from streams.producer import EventProducer
@@ -53,7 +58,6 @@ from streams.records import is_transient
 from workers.trainer import step_state
 from workers.trainer.engine import MultiPolicyTrainer
 from workers.trainer.exporting import derived_id
-from workers.trainer.losses import step_loss_config
 from workers.trainer.policies import LoraShape, PolicyState
 from workers.trainer.step_compute import NonFiniteGradients
 from workers.trainer.step_limits import (
@@ -343,7 +347,7 @@ class StepService:
     def _forward(self, env: Envelope[Any], p: TrainStepRequested) -> dict[str, Any]:
         pid, eid = env.policy_id, str(env.event_id)
         try:
-            config = step_loss_config(p.loss_fn, dict(p.loss_fn_config))
+            config = loss_config(p.loss_fn, dict(p.loss_fn_config))
         except ValueError as e:
             raise StepRefused("validate", str(e)) from e
         vocab = self.trainer.vocab_size()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from schemas.events import LoraSpec
-from schemas.events.steps import AdamSpec, StepDatum
+from schemas.events.steps import AdamSpec, StepDatum, loss_config
 from tests.unit.trainer._helpers import (
     ADAM,
     BATCH,
@@ -26,7 +26,7 @@ from tests.unit.trainer._helpers import (
     command,
     restarted,
 )
-from workers.trainer.losses import step_loss, step_loss_config
+from workers.trainer.losses import step_loss
 from workers.trainer.step_compute import _token_batches
 from workers.trainer.worker import derived_id
 
@@ -57,11 +57,11 @@ def test_importance_sampling_weighs_advantages_by_the_ratio():
 def test_ppo_clips_the_ratio_where_it_would_gain_by_leaving_the_range():
     inputs = {"logprobs": _t(0, 0, 0), "advantages": _t(1, -1, 2)}
     logp = torch.log(_t(1.5, 0.5, 1.1))
-    cfg = step_loss_config("ppo", {})
+    cfg = loss_config("ppo", {})
     assert cfg == {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
     # min(1.5, 1.2) + min(-0.5, -0.8) + min(2.2, 2.2) = 1.2 - 0.8 + 2.2
     assert float(step_loss("ppo", logp, inputs, cfg)) == pytest.approx(-2.6, rel=1e-6)
-    wide = step_loss_config("ppo", {"clip_low_threshold": 0.5, "clip_high_threshold": 2.0})
+    wide = loss_config("ppo", {"clip_low_threshold": 0.5, "clip_high_threshold": 2.0})
     assert float(step_loss("ppo", logp, inputs, wide)) == pytest.approx(-3.2, rel=1e-6)
 
 
@@ -76,7 +76,7 @@ def test_ppo_clips_the_ratio_where_it_would_gain_by_leaving_the_range():
 )
 def test_a_loss_config_it_cannot_use_is_refused_naming_what_it_takes(loss_fn, config, says):
     with pytest.raises(ValueError, match=r".*") as e:
-        step_loss_config(loss_fn, config)
+        loss_config(loss_fn, config)
     assert says in str(e.value)
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from schemas.events.steps import LOSS_CONFIG, loss_config
-from workers.trainer.losses import step_loss, step_loss_config
+from workers.trainer.losses import step_loss
 
 torch.set_num_threads(1)
 
@@ -65,7 +65,7 @@ def _same(mine, reference, target):
 @pytest.mark.parametrize("given", [{}, {"clip_low_threshold": 0.95, "clip_high_threshold": 1.02}])
 def test_cispo_is_the_detached_clipped_ratio_times_logprob_and_advantage(seed, given):
     target, inputs = _inputs(seed)
-    cfg = step_loss_config("cispo", given)
+    cfg = loss_config("cispo", given)
     lo, hi = cfg["clip_low_threshold"], cfg["clip_high_threshold"]
     grad = _same(
         lambda x: step_loss("cispo", x, inputs, cfg),
@@ -81,7 +81,7 @@ def test_cispo_is_the_detached_clipped_ratio_times_logprob_and_advantage(seed, g
 @pytest.mark.parametrize("beta", [0.05, 0.0, 2.5])
 def test_dro_is_logprob_times_advantage_less_a_quadratic_penalty(seed, beta):
     target, inputs = _inputs(seed)
-    cfg = step_loss_config("dro", {} if beta == 0.05 else {"beta": beta})
+    cfg = loss_config("dro", {} if beta == 0.05 else {"beta": beta})
     assert cfg == {"beta": beta}
     grad = _same(
         lambda x: step_loss("dro", x, inputs, cfg),
@@ -98,7 +98,7 @@ def test_gspo_token_carries_the_sequence_ratio_with_its_own_gradient(seed, given
     g = torch.Generator().manual_seed(100 + seed)
     mask = (torch.rand(target.shape, generator=g) > 0.3).double()
     mask[0] = 1.0
-    cfg = step_loss_config("gspo", given)
+    cfg = loss_config("gspo", given)
     lo, hi = cfg["clip_low_threshold"], cfg["clip_high_threshold"]
     with_mask = {**inputs, "sequence_ratio_mask": mask}
     _same(
